@@ -1,0 +1,26 @@
+"""streamlog: a durable stream log with a timestamp index, exact replay, live tail and
+crash recovery.
+
+    import streamlog
+    with streamlog.open_log("data/mylog", fsync="always") as log:
+        log.create_stream("events", partitions=1)
+        log.append_batch_sync("events", [b"a", b"b"], keys=[b"k1", b"k2"])
+        for record in log.reader("events", 0, from_offset=0):
+            print(record.offset, record.value)
+"""
+
+from .config import Compression, FsyncPolicy, LogConfig
+from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
+                     InvalidAppend, InvalidArgument, LogClosed, OffsetOutOfRange,
+                     PartitionFailed, ReadOnlyLog, StreamLogError, UnknownStream)
+from .log import Log, open_log, partition_for_key
+from .reader import Reader
+from .records import AppendResult, Record, RecordKind, RecordPosition
+
+__all__ = [
+    "open_log", "Log", "Reader", "LogConfig", "FsyncPolicy", "Compression",
+    "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
+    "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
+    "OffsetOutOfRange", "LogClosed", "ReadOnlyLog", "PartitionFailed",
+    "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
+]

@@ -1,0 +1,96 @@
+"""Every option and every bound of the log, in one place.
+
+Strategy: a frozen `LogConfig` is chosen when a log is opened and never changes while it
+is open. Every queue, buffer and loop in the package takes its bound from here
+("put a limit on everything"). `validate()` turns a wrong option into a clear
+`InvalidArgument` before anything touches the disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from .errors import InvalidArgument
+
+
+class FsyncPolicy(str, enum.Enum):
+    """When appended bytes are forced to stable storage.
+
+    ALWAYS: an append is acknowledged only after its batch is fsynced (group commit).
+    INTERVAL: acknowledged once written; fsynced at most `fsync_interval_ms` later.
+    NEVER: acknowledged once written; the operating system decides when it reaches disk.
+    """
+
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+class Compression(str, enum.Enum):
+    AUTO = "auto"  # zstd when it pays, judged on a sample of batches
+    ZSTD = "zstd"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogConfig:
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 50
+    compression: Compression = Compression.AUTO
+    zstd_level: int = 1
+    # Segments roll when they pass either bound.
+    segment_bytes_max: int = 256 * 1024 * 1024
+    segment_age_max_s: float = 7 * 24 * 3600.0
+    # Retention deletes whole sealed segments; None disables the bound.
+    retention_age_s: float | None = None
+    retention_bytes: int | None = None
+    # Records and frames.
+    record_bytes_max: int = 8 * 1024 * 1024
+    frame_bytes_max: int = 16 * 1024 * 1024
+    batch_records_max: int = 65536
+    # Group commit: appends waiting for the writer (back-pressure beyond this).
+    inflight_appends_max: int = 8192
+    inflight_bytes_max: int = 128 * 1024 * 1024
+    # Live tail: the ring of recent acknowledged batches served from memory.
+    tail_ring_batches_max: int = 4096
+    tail_ring_bytes_max: int = 64 * 1024 * 1024
+    # Readers read segments in chunks of this many bytes.
+    read_chunk_bytes: int = 8 * 1024 * 1024
+    partitions_max: int = 4096
+    # LMDB address space per partition index (sparse; not allocated up front).
+    index_map_bytes: int = 1 << 30
+
+    def validate(self) -> "LogConfig":
+        """Return a copy with enums normalised, or raise InvalidArgument naming the option."""
+        try:
+            fsync = FsyncPolicy(self.fsync)
+        except ValueError:
+            raise InvalidArgument(
+                f"fsync must be one of always, interval, never (got {self.fsync!r})") from None
+        try:
+            compression = Compression(self.compression)
+        except ValueError:
+            raise InvalidArgument(
+                f"compression must be one of auto, zstd, none (got {self.compression!r})") from None
+        positive_ints = ("fsync_interval_ms", "segment_bytes_max", "record_bytes_max",
+                         "frame_bytes_max", "batch_records_max", "inflight_appends_max",
+                         "inflight_bytes_max", "tail_ring_batches_max", "tail_ring_bytes_max",
+                         "read_chunk_bytes", "partitions_max", "index_map_bytes")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgument(f"{name} must be a positive integer (got {value!r})")
+        if not 1 <= self.zstd_level <= 22:
+            raise InvalidArgument(f"zstd_level must be in 1..22 (got {self.zstd_level!r})")
+        if self.segment_age_max_s <= 0:
+            raise InvalidArgument("segment_age_max_s must be positive")
+        for name in ("retention_age_s", "retention_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value <= 0):
+                raise InvalidArgument(f"{name} must be positive or None (got {value!r})")
+        if self.record_bytes_max > self.frame_bytes_max // 2:
+            raise InvalidArgument("record_bytes_max must be at most half of frame_bytes_max")
+        if self.segment_bytes_max < 4096:
+            raise InvalidArgument("segment_bytes_max must be at least 4096")
+        return dataclasses.replace(self, fsync=fsync, compression=compression)

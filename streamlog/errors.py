@@ -1,0 +1,77 @@
+"""The exception tree of streamlog, and nothing else.
+
+Strategy: one root, `StreamLogError`, so callers can catch everything the log raises
+on purpose. Conditions that come from bytes on disk are `CorruptionError`s and carry
+where they were found; conditions that come from the caller are `InvalidArgument`
+(a `ValueError` too, so plain Python code that expects one still works). A torn tail
+is not an error: it is an outcome of recovery (`TailState.TORN`), counted and logged.
+"""
+
+from __future__ import annotations
+
+
+class StreamLogError(Exception):
+    """Root of every error streamlog raises on purpose."""
+
+
+class InvalidArgument(StreamLogError, ValueError):
+    """The caller passed a value the log cannot accept (wrong type, out of range)."""
+
+
+class InvalidAppend(InvalidArgument):
+    """A record cannot be appended (wrong type, too large, bad timestamp)."""
+
+
+class UnknownStream(StreamLogError, KeyError):
+    """The named stream does not exist in this log."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the sentence.
+        return str(self.args[0]) if self.args else "unknown stream"
+
+
+class OffsetOutOfRange(StreamLogError):
+    """An offset outside [start_offset, end_offset] was asked for."""
+
+
+class LogClosed(StreamLogError):
+    """The log (or partition) was closed; open it again to use it."""
+
+
+class ReadOnlyLog(StreamLogError):
+    """A write was attempted on a log opened read-only."""
+
+
+class PartitionFailed(StreamLogError):
+    """A write or fsync failed; the partition refuses appends until reopened.
+
+    fsync is never retried: after a failed fsync the kernel may have dropped the dirty
+    pages, so a retry that succeeds proves nothing (the 2018 PostgreSQL fsync lesson).
+    """
+
+
+class CorruptionError(StreamLogError):
+    """Bytes on disk are not what the log wrote."""
+
+
+class CorruptFrame(CorruptionError):
+    """A frame that can never become valid (bad magic, impossible length, bad checksum)."""
+
+    def __init__(self, reason: str, position: int | None = None) -> None:
+        self.reason = reason
+        self.position = position
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"corrupt frame{where}: {reason}")
+
+
+class CorruptSegment(CorruptionError):
+    """A segment has a bad frame followed by valid data: corruption, not a torn write."""
+
+    def __init__(self, path: str, position: int, reason: str) -> None:
+        self.path = path
+        self.position = position
+        self.reason = reason
+        super().__init__(f"corruption in segment {path} at position {position}: {reason}")
+
+
+class CorruptIndex(CorruptionError):
+    """The LMDB index disagrees with itself; it is rebuilt from the segments."""

@@ -1,0 +1,180 @@
+"""Batch frames: the unit the log writes, checksums and indexes.
+
+Strategy: pure functions over bytes; no I/O. A segment file is frames back to back.
+`decode_frame(buf, position)` returns a `Frame`, or `INCOMPLETE` when the buffer ends
+inside the frame, and raises `CorruptFrame` only for bytes that can never become a valid
+frame. Whether a bad frame is a torn write or corruption is `scan.py`'s decision, since
+it depends on what follows it.
+
+Header layout (little-endian, 72 bytes):
+
+    offset size type  field
+         0    4  u32  magic            0x474F4C53 ("SLOG" on disk), lets verify resync
+         4    1  u8   version          1
+         5    1  u8   flags            bits 0-1 codec (0 none, 1 zstd), bit 2 has control
+                                       records, bit 3 has headers
+         6    2  u16  reserved         0
+         8    8  i64  base_offset      offset of the first record
+        16    8  i64  min_timestamp_us
+        24    8  i64  max_timestamp_us
+        32    8  u64  txn_id           0 when the batch is not transactional
+        40    4  u32  record_count     >= 1
+        44    4  u32  payload_bytes    stored (possibly compressed) payload length
+        48    4  u32  raw_bytes        payload length before compression
+        52    4  u32  reserved         0
+        56    8  u64  payload_checksum xxh3_64 of the stored payload
+        64    8  u64  header_checksum  xxh3_64 of bytes 0..63
+
+The header checksum covers every other header byte, payload checksum included, so one
+64-bit check proves header and payload together, and a payload can be checked without
+the header being trusted first (dump reports which of the two is wrong). Checksumming
+the *stored* bytes means recovery never decompresses (as Kafka's CRC does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import xxhash
+
+from .errors import CorruptFrame
+
+MAGIC = 0x474F4C53
+VERSION = 1
+HEADER = struct.Struct("<IBBHqqqQIIIIQQ")
+assert HEADER.size == 72
+HEADER_BYTES = HEADER.size
+_CHECKED = struct.Struct("<Q")
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+
+CODEC_NONE = 0
+CODEC_ZSTD = 1
+CODEC_MASK = 0b11
+FLAG_HAS_CONTROL = 0b100
+FLAG_HAS_HEADERS = 0b1000
+FLAGS_KNOWN = CODEC_MASK | FLAG_HAS_CONTROL | FLAG_HAS_HEADERS
+
+# No frame is ever larger than this, whatever the config: a length field above it is
+# corruption, not a frame we have not finished reading.
+FRAME_BYTES_LIMIT = 1 << 30
+
+
+class _Incomplete:
+    """Sentinel: the buffer ends inside the frame (h11's NEED_DATA)."""
+
+    def __repr__(self) -> str:
+        return "INCOMPLETE"
+
+
+INCOMPLETE = _Incomplete()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frame:
+    position: int
+    base_offset: int
+    record_count: int
+    min_timestamp_us: int
+    max_timestamp_us: int
+    txn_id: int
+    flags: int
+    raw_bytes: int
+    payload: memoryview | bytes
+
+    @property
+    def codec(self) -> int:
+        return self.flags & CODEC_MASK
+
+    @property
+    def has_control(self) -> bool:
+        return bool(self.flags & FLAG_HAS_CONTROL)
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+    @property
+    def size(self) -> int:
+        return HEADER_BYTES + len(self.payload)
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.size
+
+
+def encode_frame(*, base_offset: int, record_count: int, min_timestamp_us: int,
+                 max_timestamp_us: int, txn_id: int, flags: int, raw_bytes: int,
+                 payload: bytes) -> bytes:
+    """Return header + payload for one batch. Asserts what decode_frame verifies."""
+    assert base_offset >= 0
+    assert record_count >= 1
+    assert min_timestamp_us <= max_timestamp_us
+    assert flags & ~FLAGS_KNOWN == 0
+    assert HEADER_BYTES + len(payload) <= FRAME_BYTES_LIMIT
+    payload_checksum = xxhash.xxh3_64_intdigest(payload)
+    head = HEADER.pack(MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
+                       max_timestamp_us, txn_id, record_count, len(payload), raw_bytes, 0,
+                       payload_checksum, 0)
+    header_checksum = xxhash.xxh3_64_intdigest(memoryview(head)[:64])
+    return b"".join((head[:64], _CHECKED.pack(header_checksum), payload))
+
+
+def decode_header(buf, position: int = 0):
+    """Decode and check a header. Returns the unpacked fields, INCOMPLETE, or raises."""
+    if len(buf) - position < HEADER_BYTES:
+        if _magic_prefix_ok(buf, position):
+            return INCOMPLETE
+        raise CorruptFrame("bad magic", position)
+    fields = HEADER.unpack_from(buf, position)
+    if fields[0] != MAGIC:
+        raise CorruptFrame("bad magic", position)
+    header_checksum = xxhash.xxh3_64_intdigest(memoryview(buf)[position:position + 64])
+    if header_checksum != fields[13]:
+        raise CorruptFrame("header checksum mismatch", position)
+    if fields[1] != VERSION:
+        raise CorruptFrame(f"unknown format version {fields[1]}", position)
+    if fields[2] & ~FLAGS_KNOWN or fields[2] & CODEC_MASK > CODEC_ZSTD:
+        raise CorruptFrame(f"unknown flags {fields[2]:#x}", position)
+    if fields[8] < 1 or fields[4] < 0 or fields[5] > fields[6]:
+        raise CorruptFrame("impossible header values", position)
+    if fields[9] > FRAME_BYTES_LIMIT or fields[10] > FRAME_BYTES_LIMIT:
+        raise CorruptFrame("impossible payload length", position)
+    return fields
+
+
+def decode_frame(buf, position: int = 0) -> Frame | _Incomplete:
+    """Decode the frame that starts at `position` in `buf` (bytes or memoryview).
+
+    Returns a Frame whose payload is a view into `buf`, or INCOMPLETE when `buf` ends
+    before the frame does. Raises CorruptFrame for bytes that can never be a frame.
+    """
+    fields = decode_header(buf, position)
+    if fields is INCOMPLETE:
+        return INCOMPLETE
+    payload_bytes = fields[9]
+    start = position + HEADER_BYTES
+    if len(buf) - start < payload_bytes:
+        return INCOMPLETE
+    payload = memoryview(buf)[start:start + payload_bytes]
+    if xxhash.xxh3_64_intdigest(payload) != fields[12]:
+        raise CorruptFrame("payload checksum mismatch", position)
+    return Frame(position=position, base_offset=fields[4], record_count=fields[8],
+                 min_timestamp_us=fields[5], max_timestamp_us=fields[6], txn_id=fields[7],
+                 flags=fields[2], raw_bytes=fields[10], payload=payload)
+
+
+def frame_size_hint(buf, position: int) -> int | None:
+    """Total size of the frame at `position` if its header is intact, else None."""
+    try:
+        fields = decode_header(buf, position)
+    except CorruptFrame:
+        return None
+    if fields is INCOMPLETE:
+        return None
+    return HEADER_BYTES + fields[9]
+
+
+def _magic_prefix_ok(buf, position: int) -> bool:
+    tail = bytes(memoryview(buf)[position:position + 4])
+    return MAGIC_BYTES.startswith(tail)

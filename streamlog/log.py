@@ -1,0 +1,513 @@
+"""A log directory: named streams, each with P partitions.
+
+Strategy: `open_log` validates options, takes the writer lock (one writing process per
+log), and opens every partition, which runs its recovery. The Log object routes
+appends to partitions (by the named partition, a stable hash of the key, or round robin)
+and creates readers. Every public method checks its arguments and raises
+`InvalidArgument` (also a ValueError) with a sentence naming what was wrong.
+
+Thread-safety: appends and readers may be used from many threads and event loops at
+once; create_stream, truncate_after, apply_retention and close are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import numbers
+import os
+import threading
+import time
+
+import xxhash
+
+from . import layout
+from .appender import Piece
+from .config import LogConfig
+from .errors import (InvalidAppend, InvalidArgument, LogClosed, ReadOnlyLog, StreamLogError,
+                     UnknownStream)
+from .fileio import OsFileIO, read_file, write_file_atomic
+from .partition import Partition
+from .reader import Reader
+from .records import AppendResult, RecordKind, RecordPosition
+
+FORMAT = {"format": "streamlog", "version": 1}
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
+             config: LogConfig | None = None, fileio=None, progress=None, **options) -> "Log":
+    """Open (and by default create) the log at directory `path`.
+
+    Args:
+        fsync: "always" | "interval" | "never" (see FsyncPolicy).
+        readonly: open without the writer lock; never modifies a file.
+        create: create the directory when missing.
+        config: a LogConfig; keyword `options` override its fields.
+        progress: called with (partition name, bytes scanned) during recovery.
+    Raises:
+        InvalidArgument for a bad option, StreamLogError when the directory is not a
+        log or another process holds it for writing, CorruptionError when recovery
+        finds mid-log corruption (writable opens).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgument(f"path must be a str or os.PathLike (got {type(path).__name__})")
+    base = config or LogConfig()
+    unknown = set(options) - set(LogConfig.__dataclass_fields__)
+    if unknown:
+        raise InvalidArgument(f"unknown option(s): {', '.join(sorted(unknown))}")
+    import dataclasses
+    try:
+        merged = dataclasses.replace(base, fsync=fsync, **options)
+    except TypeError as error:
+        raise InvalidArgument(str(error)) from None
+    return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
+               fileio=fileio or OsFileIO(), progress=progress)
+
+
+class Log:
+    def __init__(self, path: str, config: LogConfig, *, readonly: bool, create: bool,
+                 fileio, progress=None) -> None:
+        self.path = path
+        self.config = config
+        self.readonly = readonly
+        self.fileio = fileio
+        self._lock = threading.RLock()
+        self._lock_handle = None
+        self._round_robin: dict[str, int] = {}
+        self._streams: dict[str, list[Partition]] = {}
+        self.closed = False
+        self._prepare_directory(create)
+        try:
+            for name in self._stream_names():
+                self._open_stream(name, progress)
+        except BaseException:
+            self._close_partitions()
+            self._release_lock()
+            raise
+
+    # -- directory, lock, streams ---------------------------------------------------
+
+    def _prepare_directory(self, create: bool) -> None:
+        marker = os.path.join(self.path, "streamlog.json")
+        if not os.path.isdir(self.path):
+            if self.readonly or not create:
+                raise StreamLogError(f"no log at {self.path}")
+            os.makedirs(self.path, exist_ok=True)
+        if not os.path.exists(marker):
+            if self.readonly:
+                raise StreamLogError(f"{self.path} is not a streamlog log (no streamlog.json)")
+            if any(name not in ("LOCK",) for name in os.listdir(self.path)):
+                raise StreamLogError(f"{self.path} is not empty and not a streamlog log; "
+                                     f"refusing to write into it")
+            self._take_lock()
+            write_file_atomic(self.fileio, marker, json.dumps(FORMAT).encode())
+            return
+        try:
+            found = json.loads(read_file(self.fileio, marker))
+        except ValueError:
+            raise StreamLogError(f"{marker} is damaged") from None
+        if found.get("format") != "streamlog" or found.get("version") != 1:
+            raise StreamLogError(f"{self.path}: unsupported log format {found}")
+        if not self.readonly:
+            self._take_lock()
+
+    def _take_lock(self) -> None:
+        if self._lock_handle is not None:
+            return
+        handle = open(os.path.join(self.path, "LOCK"), "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise StreamLogError(f"{self.path} is open for writing by another process") from None
+        self._lock_handle = handle
+
+    def _release_lock(self) -> None:
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+            self._lock_handle = None
+
+    def _stream_names(self) -> list[str]:
+        directory = layout.streams_dir(self.path)
+        if not os.path.isdir(directory):
+            return []
+        return sorted(n for n in os.listdir(directory)
+                      if os.path.exists(os.path.join(directory, n, "stream.json")))
+
+    def _open_stream(self, name: str, progress) -> None:
+        meta_path = os.path.join(layout.stream_dir(self.path, name), "stream.json")
+        try:
+            count = int(json.loads(read_file(self.fileio, meta_path))["partitions"])
+        except (ValueError, KeyError, TypeError):
+            raise StreamLogError(f"{meta_path} is damaged") from None
+        partitions = []
+        self._streams[name] = partitions
+        for number in range(count):
+            partitions.append(Partition(
+                layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
+                self.config, self.fileio, readonly=self.readonly,
+                progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
+                if progress else None))
+
+    def create_stream(self, name: str, partitions: int = 1) -> int:
+        """Create stream `name` with `partitions` partitions; a no-op when it exists
+        with that many. Returns the partition count."""
+        self._check_open()
+        if not layout.valid_stream_name(name):
+            raise InvalidArgument(f"invalid stream name {name!r}: use letters, digits, "
+                                  f"'.', '_' and '-', at most 200 characters")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
+                1 <= partitions <= self.config.partitions_max):
+            raise InvalidArgument(f"partitions must be an int in 1..{self.config.partitions_max}"
+                                  f" (got {partitions!r})")
+        with self._lock:
+            if name in self._streams:
+                existing = len(self._streams[name])
+                if existing != partitions:
+                    raise InvalidArgument(f"stream {name!r} has {existing} partitions, "
+                                          f"not {partitions}")
+                return existing
+            if self.readonly:
+                raise ReadOnlyLog("the log was opened read-only")
+            directory = layout.stream_dir(self.path, name)
+            os.makedirs(directory, exist_ok=True)
+            write_file_atomic(self.fileio, os.path.join(directory, "stream.json"),
+                              json.dumps({"partitions": partitions}).encode())
+            self.fileio.fsync_dir(layout.streams_dir(self.path))
+            self._open_stream(name, None)
+            return partitions
+
+    def streams(self) -> list[str]:
+        return sorted(self._streams)
+
+    def partition_count(self, stream: str) -> int:
+        return len(self._partitions(stream))
+
+    def _partitions(self, stream: str) -> list[Partition]:
+        self._check_open()
+        try:
+            return self._streams[stream]
+        except (KeyError, TypeError):
+            raise UnknownStream(f"no stream named {stream!r} in {self.path}") from None
+
+    def partition(self, stream: str, partition: int) -> Partition:
+        partitions = self._partitions(stream)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not (
+                0 <= partition < len(partitions)):
+            raise InvalidArgument(f"stream {stream!r} has partitions 0..{len(partitions) - 1}"
+                                  f" (got {partition!r})")
+        return partitions[partition]
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise LogClosed(f"the log at {self.path} is closed")
+
+    # -- appends --------------------------------------------------------------------
+
+    async def append(self, stream: str, value, *, key=None, timestamp_us=None,
+                     partition=None, headers=None, kind=RecordKind.DATA,
+                     txn_id: int = 0) -> RecordPosition:
+        """Append one record; returns where it landed once durable under the policy."""
+        target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us),
+                                       partition, [headers] if headers else None,
+                                       _kinds(kind), txn_id)
+        (number, piece_list), = pieces.items()
+        offset = await target[number].submit_async(piece_list)
+        return RecordPosition(number, offset)
+
+    def append_sync(self, stream: str, value, *, key=None, timestamp_us=None, partition=None,
+                    headers=None, kind=RecordKind.DATA, txn_id: int = 0) -> RecordPosition:
+        """Blocking append() for code that is not asyncio."""
+        target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us),
+                                       partition, [headers] if headers else None,
+                                       _kinds(kind), txn_id)
+        (number, piece_list), = pieces.items()
+        return RecordPosition(number, target[number].submit(piece_list))
+
+    async def append_batch(self, stream: str, values, *, keys=None, timestamps_us=None,
+                           partition=None, headers=None, kinds=None,
+                           txn_id: int = 0) -> AppendResult:
+        """Append records given as parallel sequences; each partition's share lands
+        contiguously. Returns {partition: (first, last)} once durable."""
+        import asyncio
+        target, pieces = self._prepare(stream, values, keys, timestamps_us, partition,
+                                       headers, kinds, txn_id)
+        numbers = list(pieces)
+        firsts = await asyncio.gather(*(target[n].submit_async(pieces[n]) for n in numbers))
+        return _result(numbers, firsts, pieces)
+
+    def append_batch_sync(self, stream: str, values, *, keys=None, timestamps_us=None,
+                          partition=None, headers=None, kinds=None,
+                          txn_id: int = 0) -> AppendResult:
+        target, pieces = self._prepare(stream, values, keys, timestamps_us, partition,
+                                       headers, kinds, txn_id)
+        numbers = list(pieces)
+        firsts = [target[n].submit(pieces[n]) for n in numbers]
+        return _result(numbers, firsts, pieces)
+
+    def _prepare(self, stream, values, keys, timestamps_us, partition, headers, kinds, txn_id):
+        partitions = self._partitions(stream)
+        if self.readonly:
+            raise ReadOnlyLog("the log was opened read-only")
+        values, keys, timestamps, headers, kinds = _validate(
+            values, keys, timestamps_us, headers, kinds, self.config)
+        if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 <= txn_id < 1 << 64:
+            raise InvalidAppend(f"txn_id must be an int in 0..2**64-1 (got {txn_id!r})")
+        if partition is not None:
+            self.partition(stream, partition)
+            assignment = {partition: range(len(values))}
+        else:
+            assignment = self._assign(stream, keys, len(partitions))
+        pieces = {}
+        for number, rows in assignment.items():
+            pieces[number] = _cut(rows, values, keys, timestamps, headers, kinds, txn_id,
+                                  self.config)
+        return partitions, pieces
+
+    def _assign(self, stream: str, keys, count: int) -> dict[int, list[int]]:
+        if count == 1:
+            return {0: range(len(keys))}
+        out: dict[int, list[int]] = {}
+        with self._lock:
+            next_robin = self._round_robin.get(stream, 0)
+            for row, key in enumerate(keys):
+                if key is None:
+                    number, next_robin = next_robin % count, next_robin + 1
+                else:
+                    number = partition_for_key(key, count)
+                out.setdefault(number, []).append(row)
+            self._round_robin[stream] = next_robin
+        return out
+
+    # -- reads ----------------------------------------------------------------------
+
+    def reader(self, stream: str, partition: int = 0, *, from_offset: int | None = None,
+               from_timestamp_us: int | None = None, to_offset: int | None = None,
+               to_timestamp_us: int | None = None, follow: bool = False,
+               data_only: bool = True) -> Reader:
+        """A Reader of one partition. Start: `from_offset` (inclusive) or the first
+        record whose high-water mark is >= `from_timestamp_us`, else the log start.
+        End (exclusive): `to_offset` or `to_timestamp_us` by the same rule, else the
+        acknowledged end (or never, with follow=True).
+
+        Raises OffsetOutOfRange for a start before the log start (retention) or past
+        its end; InvalidArgument for wrong types or both bounds of one kind given.
+        """
+        part = self.partition(stream, partition)
+        if from_offset is not None and from_timestamp_us is not None:
+            raise InvalidArgument("give from_offset or from_timestamp_us, not both")
+        if to_offset is not None and to_timestamp_us is not None:
+            raise InvalidArgument("give to_offset or to_timestamp_us, not both")
+        for name, value in (("from_offset", from_offset), ("to_offset", to_offset),
+                            ("from_timestamp_us", from_timestamp_us),
+                            ("to_timestamp_us", to_timestamp_us)):
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, numbers.Integral)):
+                raise InvalidArgument(f"{name} must be an int (got {type(value).__name__})")
+        if from_timestamp_us is not None:
+            start = part.offset_for_timestamp(int(from_timestamp_us))
+        elif from_offset is not None:
+            start = int(from_offset)
+        else:
+            start = part.start_offset
+        return Reader(part, start_offset=start, stop_offset=to_offset,
+                      stop_timestamp_us=to_timestamp_us, follow=follow, data_only=data_only,
+                      stream=stream)
+
+    def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
+        """First offset whose high-water mark is >= timestamp_us (the end if none)."""
+        return self.partition(stream, partition).offset_for_timestamp(int(timestamp_us))
+
+    def end_offset(self, stream: str, partition: int = 0) -> int:
+        return self.partition(stream, partition).next_offset
+
+    def start_offset(self, stream: str, partition: int = 0) -> int:
+        return self.partition(stream, partition).start_offset
+
+    # -- maintenance ----------------------------------------------------------------
+
+    def truncate_after(self, stream: str, partition: int, offset: int) -> int:
+        """Forget every record after `offset` (crash-safe). Returns the new end offset."""
+        return self.partition(stream, partition).truncate_after(offset)
+
+    def apply_retention(self, now_us: int | None = None) -> list[str]:
+        """Delete whole old segments past the retention bounds; returns deleted paths."""
+        now_us = time.time_ns() // 1000 if now_us is None else now_us
+        deleted = []
+        for stream in self.streams():
+            for part in self._partitions(stream):
+                deleted += part.apply_retention(now_us)
+        return deleted
+
+    def info(self) -> dict:
+        """Streams, partitions, offsets, time range and sizes."""
+        out = {"path": self.path, "streams": {}}
+        for stream in self.streams():
+            parts = []
+            for part in self._partitions(stream):
+                first = part.index.first_entry()
+                parts.append({
+                    "partition": part.number, "start_offset": part.start_offset,
+                    "end_offset": part.next_offset, "segments": len(part.segments),
+                    "bytes": part.size_bytes(),
+                    "min_timestamp_us": first.min_timestamp_us if first else None,
+                    "max_timestamp_us": part.hwm_us,
+                    "recovery": part.report.as_dict()})
+            out["streams"][stream] = {"partitions": parts}
+        return out
+
+    def stats(self) -> dict:
+        return {f"{s}/{p.number}": dict(p.appender.stats) for s in self.streams()
+                for p in self._partitions(s) if p.appender is not None}
+
+    def close(self) -> None:
+        """Drain queued appends, fsync, release the writer lock. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self._close_partitions()
+            self.closed = True
+            self._release_lock()
+
+    def _close_partitions(self) -> None:
+        for partitions in self._streams.values():
+            for part in partitions:
+                part.close()
+
+    async def aclose(self) -> None:
+        import asyncio
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Log":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
+def partition_for_key(key: bytes, count: int) -> int:
+    """Stable across processes and versions: xxh3_64 of the key, modulo the count."""
+    return xxhash.xxh3_64_intdigest(key) % count
+
+
+def _kinds(kind):
+    return None if kind == RecordKind.DATA else [kind]
+
+
+def _one(timestamp_us):
+    return None if timestamp_us is None else [timestamp_us]
+
+
+def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
+    if isinstance(values, (*_BYTES, str)) or not hasattr(values, "__len__"):
+        raise InvalidAppend("values must be a list of bytes (one item per record)")
+    n = len(values)
+    if n == 0:
+        raise InvalidAppend("nothing to append: values is empty")
+    values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
+    keys = [None] * n if keys is None else _column(keys, n, "keys")
+    keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
+    limit = config.record_bytes_max
+    for i in range(n):
+        size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
+        if size > limit:
+            raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
+                                f"(record_bytes_max)")
+    if timestamps_us is None:
+        timestamps = [time.time_ns() // 1000] * n
+    else:
+        timestamps = [_timestamp(t, i) for i, t in enumerate(_column(timestamps_us, n,
+                                                                     "timestamps_us"))]
+    if headers is not None:
+        headers = [_headers(h, i) for i, h in enumerate(_column(headers, n, "headers"))]
+    if kinds is not None:
+        try:
+            kinds = [int(RecordKind(k)) for k in _column(kinds, n, "kinds")]
+        except ValueError as error:
+            raise InvalidAppend(f"bad record kind: {error}") from None
+    return values, keys, timestamps, headers, kinds
+
+
+def _column(column, n: int, name: str):
+    if isinstance(column, (*_BYTES, str)) or not hasattr(column, "__len__"):
+        raise InvalidAppend(f"{name} must be a list with one item per record")
+    if len(column) != n:
+        raise InvalidAppend(f"{name} has {len(column)} items for {n} values")
+    return column
+
+
+def _as_bytes(item, what: str, row: int) -> bytes:
+    if type(item) is bytes:
+        return item
+    if isinstance(item, _BYTES):
+        return bytes(item)
+    hint = " (encode text first, e.g. s.encode())" if isinstance(item, str) else ""
+    raise InvalidAppend(f"{what} of record {row} must be bytes, not "
+                        f"{type(item).__name__}{hint}")
+
+
+def _timestamp(value, row: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidAppend(f"timestamp of record {row} must be an int of microseconds "
+                            f"since the epoch (got {type(value).__name__})")
+    value = int(value)
+    if not _INT64_MIN < value <= _INT64_MAX:
+        raise InvalidAppend(f"timestamp of record {row} is out of the int64 range")
+    return value
+
+
+def _headers(headers, row: int):
+    if headers is None or headers == ():
+        return ()
+    items = headers.items() if isinstance(headers, dict) else headers
+    out = []
+    try:
+        for name, value in items:
+            if not isinstance(name, str):
+                raise TypeError
+            out.append((name, _as_bytes(value, "header value", row)))
+    except (TypeError, ValueError):
+        raise InvalidAppend(f"headers of record {row} must be (str, bytes) pairs") from None
+    return tuple(out)
+
+
+def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list[Piece]:
+    """Split the rows going to one partition into pieces that each fit one frame."""
+    pieces, current, size = [], [], 0
+    budget = config.frame_bytes_max // 2
+    for row in rows:
+        record = len(values[row]) + (len(keys[row]) if keys[row] is not None else 0) + 24
+        if current and (size + record > budget or len(current) >= config.batch_records_max):
+            pieces.append(_piece(current, values, keys, timestamps, headers, kinds, txn_id,
+                                 size))
+            current, size = [], 0
+        current.append(row)
+        size += record
+    pieces.append(_piece(current, values, keys, timestamps, headers, kinds, txn_id, size))
+    return pieces
+
+
+def _piece(rows, values, keys, timestamps, headers, kinds, txn_id, size) -> Piece:
+    if isinstance(rows, range) and rows.start == 0 and rows.stop == len(values):
+        return Piece(timestamps, keys, values, kinds, headers, size, txn_id)
+    return Piece([timestamps[r] for r in rows], [keys[r] for r in rows],
+                 [values[r] for r in rows],
+                 None if kinds is None else [kinds[r] for r in rows],
+                 None if headers is None else [headers[r] for r in rows], size, txn_id)
+
+
+def _result(numbers, firsts, pieces) -> AppendResult:
+    ranges, total = {}, 0
+    for number, first in zip(numbers, firsts):
+        count = sum(len(p.values) for p in pieces[number])
+        ranges[number] = (first, first + count - 1)
+        total += count
+    return AppendResult(ranges, total)

@@ -1,0 +1,215 @@
+"""The columnar batch payload: records <-> columns, with no Python loop on decode.
+
+Strategy: a payload is fixed-width columns followed by variable-length blobs, so a
+reader turns a whole batch into NumPy views and Arrow arrays with a few vectorised calls.
+Layout for n records (little-endian, column starts 8-byte aligned by construction):
+
+    timestamps_us  i64[n]
+    key_lengths    i32[n]   -1 = no key
+    value_lengths  i32[n]
+    header_lengths i32[n]   only when FLAG_HAS_HEADERS
+    kinds          u8[n]    only when FLAG_HAS_CONTROL (else all DATA)
+    keys blob, values blob, headers blob (each the concatenation of its items)
+
+Headers of one record are encoded as u16 count, then per header u16 name length, name
+(UTF-8), u32 value length, value. zstd compresses the whole payload when it pays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import numpy as np
+import zstandard
+
+from .errors import CorruptFrame
+from .frame import CODEC_NONE, CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS, Frame
+from .records import Record, RecordKind
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+# zstd pays when it saves at least this fraction of the payload.
+_ZSTD_GAIN_MIN = 0.10
+
+
+@dataclasses.dataclass(slots=True)
+class Columns:
+    """One decoded batch as columns. Arrays are views into the payload bytes."""
+
+    base_offset: int
+    timestamps_us: np.ndarray
+    kinds: np.ndarray | None  # None: every record is DATA
+    key_lengths: np.ndarray
+    value_lengths: np.ndarray
+    header_lengths: np.ndarray | None
+    keys: memoryview
+    values: memoryview
+    headers: memoryview | None
+    txn_id: int = 0
+
+    def __len__(self) -> int:
+        return len(self.timestamps_us)
+
+    def key_offsets(self) -> np.ndarray:
+        return _offsets(np.maximum(self.key_lengths, 0))
+
+    def value_offsets(self) -> np.ndarray:
+        return _offsets(self.value_lengths)
+
+
+def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tuple[bytes, int]:
+    """Encode parallel sequences into a raw payload. Returns (payload, flags).
+
+    `kinds` None means all DATA; `headers` None means no record has headers. The caller
+    has validated types and sizes (appender.validate_records).
+    """
+    n = len(values)
+    assert n >= 1
+    assert len(keys) == n and len(timestamps_us) == n
+    flags = 0
+    parts = [np.asarray(timestamps_us, dtype="<i8").tobytes(),
+             np.fromiter((-1 if k is None else len(k) for k in keys), "<i4", n).tobytes(),
+             np.fromiter(map(len, values), "<i4", n).tobytes()]
+    header_blobs = None
+    if headers is not None and any(headers):
+        flags |= FLAG_HAS_HEADERS
+        header_blobs = [encode_headers(h) for h in headers]
+        parts.append(np.fromiter(map(len, header_blobs), "<i4", n).tobytes())
+    if kinds is not None and any(kinds):
+        flags |= FLAG_HAS_CONTROL
+        parts.append(np.asarray(kinds, dtype="u1").tobytes())
+    parts.append(b"".join(k for k in keys if k is not None))
+    parts.append(b"".join(values))
+    if header_blobs is not None:
+        parts.append(b"".join(header_blobs))
+    return b"".join(parts), flags
+
+
+def compress(raw: bytes, compressor: zstandard.ZstdCompressor) -> bytes | None:
+    """zstd of `raw` when it saves enough to pay for decompression, else None."""
+    packed = compressor.compress(raw)
+    if len(packed) <= len(raw) * (1 - _ZSTD_GAIN_MIN):
+        return packed
+    return None
+
+
+_DECOMPRESSOR = zstandard.ZstdDecompressor()
+
+
+def decode_columns(frame: Frame) -> Columns:
+    """Columns of a verified frame. Raises CorruptFrame if the payload is inconsistent
+    (possible only for a frame written by a buggy writer: the checksum already held)."""
+    payload = frame.payload
+    if frame.codec == CODEC_ZSTD:
+        try:
+            payload = _DECOMPRESSOR.decompress(payload, max_output_size=frame.raw_bytes)
+        except zstandard.ZstdError as error:
+            raise CorruptFrame(f"zstd: {error}", frame.position) from None
+    elif frame.codec != CODEC_NONE:
+        raise CorruptFrame(f"unknown codec {frame.codec}", frame.position)
+    if len(payload) != frame.raw_bytes:
+        raise CorruptFrame("payload length disagrees with header", frame.position)
+    return _split_columns(memoryview(payload), frame)
+
+
+def _split_columns(buf: memoryview, frame: Frame) -> Columns:
+    n = frame.record_count
+    has_headers = bool(frame.flags & FLAG_HAS_HEADERS)
+    fixed = n * (16 + (4 if has_headers else 0) + (1 if frame.has_control else 0))
+    if fixed > len(buf):
+        raise CorruptFrame("payload shorter than its columns", frame.position)
+    position = 0
+    timestamps = np.frombuffer(buf, "<i8", n, position)
+    position += 8 * n
+    key_lengths = np.frombuffer(buf, "<i4", n, position)
+    position += 4 * n
+    value_lengths = np.frombuffer(buf, "<i4", n, position)
+    position += 4 * n
+    header_lengths = None
+    if has_headers:
+        header_lengths = np.frombuffer(buf, "<i4", n, position)
+        position += 4 * n
+    kinds = None
+    if frame.has_control:
+        kinds = np.frombuffer(buf, "u1", n, position)
+        position += n
+    if (value_lengths < 0).any() or (key_lengths < -1).any():
+        raise CorruptFrame("negative length in payload", frame.position)
+    keys_total = int(np.maximum(key_lengths, 0).sum())
+    values_total = int(value_lengths.sum())
+    headers_total = int(header_lengths.sum()) if header_lengths is not None else 0
+    if position + keys_total + values_total + headers_total != len(buf):
+        raise CorruptFrame("payload lengths do not add up", frame.position)
+    keys = buf[position:position + keys_total]
+    position += keys_total
+    values = buf[position:position + values_total]
+    position += values_total
+    headers = buf[position:position + headers_total] if has_headers else None
+    return Columns(frame.base_offset, timestamps, kinds, key_lengths, value_lengths,
+                   header_lengths, keys, values, headers, frame.txn_id)
+
+
+def columns_to_records(columns: Columns, partition: int, start: int = 0,
+                       stop: int | None = None, data_only: bool = True):
+    """Yield Records for rows [start, stop) of a batch (one Python object per record)."""
+    stop = len(columns) if stop is None else stop
+    key_offsets = columns.key_offsets().tolist()
+    value_offsets = columns.value_offsets().tolist()
+    key_lengths = columns.key_lengths.tolist()
+    timestamps = columns.timestamps_us.tolist()
+    kinds = columns.kinds.tolist() if columns.kinds is not None else None
+    header_offsets = (_offsets(columns.header_lengths).tolist()
+                      if columns.header_lengths is not None else None)
+    keys, values = bytes(columns.keys), bytes(columns.values)
+    base, txn_id = columns.base_offset, columns.txn_id
+    for i in range(start, stop):
+        kind = RecordKind(kinds[i]) if kinds is not None else RecordKind.DATA
+        if data_only and kind is not RecordKind.DATA:
+            continue
+        key = keys[key_offsets[i]:key_offsets[i + 1]] if key_lengths[i] >= 0 else None
+        headers = ()
+        if header_offsets is not None:
+            headers = decode_headers(columns.headers[header_offsets[i]:header_offsets[i + 1]])
+        yield Record(partition, base + i, timestamps[i], key,
+                     values[value_offsets[i]:value_offsets[i + 1]], kind, headers, txn_id)
+
+
+def encode_headers(headers) -> bytes:
+    if not headers:
+        return b""
+    parts = [_U16.pack(len(headers))]
+    for name, value in headers:
+        name_bytes = name.encode()
+        parts += [_U16.pack(len(name_bytes)), name_bytes, _U32.pack(len(value)), bytes(value)]
+    return b"".join(parts)
+
+
+def decode_headers(buf) -> tuple[tuple[str, bytes], ...]:
+    buf = bytes(buf)
+    if not buf:
+        return ()
+    try:
+        (count,), position, out = _U16.unpack_from(buf, 0), 2, []
+        for _ in range(count):
+            (name_length,) = _U16.unpack_from(buf, position)
+            name = buf[position + 2:position + 2 + name_length].decode()
+            position += 2 + name_length
+            (value_length,) = _U32.unpack_from(buf, position)
+            out.append((name, buf[position + 4:position + 4 + value_length]))
+            position += 4 + value_length
+    except (struct.error, UnicodeDecodeError) as error:
+        raise CorruptFrame(f"bad record headers: {error}") from None
+    return tuple(out)
+
+
+def running_max(timestamps_us: np.ndarray, prior_max: int) -> np.ndarray:
+    """High-water mark of each record: max of prior_max and every timestamp up to it."""
+    hwm = np.maximum.accumulate(timestamps_us)
+    return np.maximum(hwm, prior_max)
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out

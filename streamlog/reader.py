@@ -1,0 +1,168 @@
+"""Replay and follow: records and Arrow batches from an offset or a timestamp.
+
+Strategy: one loop (`_slices`) yields (columns, lo, hi) row ranges of batches in offset
+order, taking each batch from the live-tail ring when it is there and from the segments
+(large sequential chunks) otherwise. At the acknowledged end it returns, or, when
+following, waits for the writer to publish more (no polling). `records()` and `arrow()`
+only format those slices. The async iterators use the same loop and await the tail
+instead of blocking the event loop.
+
+Range rules (DESIGN 5 and 10): the start is inclusive, the end exclusive; a timestamp
+bound is resolved by the high-water mark (running max timestamp), so `from_timestamp_us=T`
+starts at the first record whose high-water mark is >= T and `to_timestamp_us=T` stops
+before it.
+
+A Reader is used by one thread or task at a time. It holds its position against
+retention until closed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .errors import LogClosed
+from .index import NO_HWM
+from .payload import Columns, columns_to_records, decode_columns, running_max
+from .records import RecordKind
+
+_tokens = itertools.count(1)
+_WAIT = object()
+
+
+class Reader:
+    def __init__(self, partition, *, start_offset: int, stop_offset: int | None = None,
+                 stop_timestamp_us: int | None = None, follow: bool = False,
+                 data_only: bool = True, stream: str | None = None) -> None:
+        partition.check_offset(start_offset)
+        self.partition = partition
+        self.stream = stream
+        self.next_offset = start_offset
+        self.stop_offset = stop_offset
+        self.stop_timestamp_us = stop_timestamp_us
+        self.follow = follow
+        self.data_only = data_only
+        self.done = False
+        self._token = next(_tokens)
+        self._hwm: int | None = None
+        self._hwm_known = False
+        partition.hold(self._token, start_offset)
+
+    # -- public iteration -----------------------------------------------------------
+
+    def records(self):
+        """Records from the start to the end (or forever, when following)."""
+        for columns, lo, hi in self._slices_sync():
+            yield from columns_to_records(columns, self.partition.number, lo, hi,
+                                          self.data_only)
+
+    def arrow(self, *, include_headers: bool = False):
+        """pyarrow.RecordBatch per log batch (columns partition, offset, timestamp, key,
+        value[, headers]); control records removed when reading data only."""
+        from .arrowconv import columns_to_arrow
+        for columns, lo, hi in self._slices_sync():
+            batch = columns_to_arrow(columns, self.partition.number, lo, hi,
+                                     data_only=self.data_only, include_headers=include_headers)
+            if batch.num_rows:
+                yield batch
+
+    def __iter__(self):
+        return self.records()
+
+    async def arecords(self):
+        async for columns, lo, hi in self._slices_async():
+            for record in columns_to_records(columns, self.partition.number, lo, hi,
+                                             self.data_only):
+                yield record
+
+    def __aiter__(self):
+        return self.arecords()
+
+    def close(self) -> None:
+        self.done = True
+        self.partition.release(self._token)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the loop -------------------------------------------------------------------
+
+    def _slices_sync(self):
+        for item in self._slices():
+            if item is _WAIT:
+                self.partition.ring.wait(self.next_offset, timeout=1.0)
+                if self.partition.closed:
+                    raise LogClosed("the log was closed while following it")
+                continue
+            yield item
+
+    async def _slices_async(self):
+        for item in self._slices():
+            if item is _WAIT:
+                await self.partition.ring.wait_async(self.next_offset)
+                if self.partition.closed:
+                    raise LogClosed("the log was closed while following it")
+                continue
+            yield item
+
+    def _slices(self):
+        """Yield (columns, lo, hi) slices, or _WAIT when following at the end."""
+        partition = self.partition
+        while not self.done:
+            if self.stop_offset is not None and self.next_offset >= self.stop_offset:
+                break
+            if self.next_offset >= partition.next_offset:
+                if not self.follow or partition.closed:
+                    break
+                yield _WAIT
+                continue
+            found = partition.ring.find(self.next_offset)
+            if found is not None:
+                base, columns, hwm_before = found
+                yield from self._emit(columns, hwm_before)
+                continue
+            for frame in partition.disk_frames(self.next_offset):
+                if frame.next_offset <= self.next_offset:
+                    continue
+                yield from self._emit(decode_columns(frame), None)
+                if self.done or partition.ring.find(self.next_offset) is not None:
+                    break
+        self.close()
+
+    def _emit(self, columns: Columns, hwm_before):
+        base = columns.base_offset
+        lo = self.next_offset - base
+        hi = len(columns)
+        if self.stop_offset is not None:
+            hi = min(hi, self.stop_offset - base)
+        if self.stop_timestamp_us is not None:
+            prior = self._prior_hwm(columns, hwm_before)
+            hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
+            self._hwm, self._hwm_known = int(hwm[-1]), True
+            cut = int(np.searchsorted(hwm, self.stop_timestamp_us, side="left"))
+            if cut < hi:
+                hi, self.done = max(cut, lo), True
+        if hi > lo:
+            self.next_offset = base + hi
+            self.partition.hold(self._token, self.next_offset)
+            yield columns, lo, hi
+        elif self.done:
+            return
+
+    def _prior_hwm(self, columns: Columns, hwm_before):
+        """Running max just before this batch: the ring knows it, a continuing reader
+        remembers it, and the first batch read from disk asks the index."""
+        if hwm_before is not None:
+            return hwm_before
+        if self._hwm_known:
+            return self._hwm
+        entry = self.partition.index.lookup_offset(columns.base_offset)
+        return self.partition.hwm_before(entry) if entry is not None else None
+
+
+def is_data(kind: int) -> bool:
+    return kind == RecordKind.DATA

@@ -1,0 +1,59 @@
+"""Records as callers see them.
+
+Strategy: frozen, slotted dataclasses (cheap to build in a replay loop). `RecordKind`
+values are stored on disk, one byte per record: add kinds, never renumber them.
+Control kinds share the offset sequence with data (the CEC paper needs footprints
+interleaved with results) and are filtered out for readers that asked for data only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import NamedTuple
+
+
+class RecordKind(enum.IntEnum):
+    DATA = 0
+    COMMIT = 1  # transaction commit marker; value = transaction id (8 bytes, big-endian)
+    ABORT = 2  # transaction abort marker; value as COMMIT
+    G_OPEN = 3  # CEC footprint written when a window opens
+    G_CHECK = 4  # CEC footprint written for a slow window
+    CHECKPOINT = 5  # operator checkpoint note (CRB)
+
+    @property
+    def is_control(self) -> bool:
+        return self is not RecordKind.DATA
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a partition.
+
+    `timestamp_us` is microseconds since the epoch (event time, or append time when the
+    producer gave none). `key` is None when absent. `headers` is a tuple of
+    (name, value) pairs, empty when absent.
+    """
+
+    partition: int
+    offset: int
+    timestamp_us: int
+    key: bytes | None
+    value: bytes
+    kind: RecordKind = RecordKind.DATA
+    headers: tuple[tuple[str, bytes], ...] = ()
+    txn_id: int = 0
+
+
+class RecordPosition(NamedTuple):
+    """Where an appended record landed."""
+
+    partition: int
+    offset: int
+
+
+class AppendResult(NamedTuple):
+    """Where a batch landed: per partition, the first and last offset it took."""
+
+    ranges: dict[int, tuple[int, int]]
+    records: int
