@@ -32,6 +32,7 @@ from .errors import LogClosed, PartitionFailed
 from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame
 from .index import IndexEntry, RecoveryPoint
 from .payload import compress, encode_payload
+from .txn import frame_events
 
 log = logging.getLogger("streamlog.appender")
 
@@ -276,8 +277,10 @@ class Appender:
         assert segment.size_bytes == part.active_position
         position = segment.append(b"".join(f[0] for f in frames))
         self.stats["writes"] += 1
-        for data, base, count, hwm_before, hwm_after, min_ts, max_ts, raw, flags, txn_id \
-                in frames:
+        events = []
+        for data, base, count, hwm_before, hwm_after, min_ts, max_ts, raw, flags, txn_id, \
+                frame_txn_events in frames:
+            events += frame_txn_events
             entries.append(IndexEntry(base, segment.base_offset, position, count,
                                       len(data), min_ts, max_ts, hwm_after))
             published.append((Frame(position, base, count, min_ts, max_ts, txn_id, flags,
@@ -290,7 +293,7 @@ class Appender:
             recovery = RecoveryPoint(segment.base_offset, position, offset, hwm)
         else:
             self._dirty = True
-        part.index.put(entries, recovery)
+        part.index.put(entries, recovery, events)
         self.stats["frames"] += len(frames)
         self.stats["records"] += offset - part.next_offset
         part.advance(offset, hwm, position, published)
@@ -327,8 +330,9 @@ class Appender:
                             txn_id=pieces[0].txn_id, flags=stored_flags,
                             raw_bytes=len(raw), payload=stored)
         assert len(data) == HEADER_BYTES + len(stored)
+        events = frame_events(pieces[0].txn_id, offset, kinds, values.__getitem__)
         frames.append((data, offset, len(values), hwm, hwm_after, min_ts, max_ts, raw, flags,
-                       pieces[0].txn_id))
+                       pieces[0].txn_id, events))
         return offset + len(values), hwm_after
 
     def _maybe_compress(self, raw: bytes) -> bytes:

@@ -6,7 +6,10 @@ Strategy: three named databases in one LMDB environment per partition.
     times    key u64 BE (hwm + 2**63)     -> u64 BE base_offset of the first batch whose
                                              running-max timestamp reaches that hwm; an
                                              entry is added only when the running max grows
-    meta     key ascii                    -> value bytes (recovery point, start offset)
+    meta     key ascii                    -> value bytes (recovery point, last commit
+                                             marker per tag as "commit:TAG")
+    txns     key u64 BE txn_id            -> u8 state + u64 first offset (txn.py)
+    open     key u64 BE txn_id            -> u64 first offset, for transactions still open
 
 Big-endian fixed-width keys make byte order numeric order, so `set_range` is a seek.
 The environment is opened with sync off: the segments are the truth, and recovery
@@ -33,6 +36,7 @@ from .errors import CorruptIndex
 _KEY = struct.Struct(">Q")
 _ENTRY = struct.Struct("<QQIIqqq")
 _RECOVERY = struct.Struct("<QQQq")
+_TXN = struct.Struct("<BQ")
 _HWM_BIAS = 1 << 63
 # Stands for "no record yet" where a running max must be an int (the recovery point).
 NO_HWM = -(1 << 63)
@@ -80,16 +84,20 @@ class Index:
         self._overlay: list[IndexEntry] = []
         self._overlay_bases: list[int] = []
         self._overlay_times: list[tuple[int, int]] = []
+        self._overlay_txns: dict[int, tuple[int, int]] = {}
+        self._overlay_commits: dict[str, bytes] = {}
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
         try:
-            self._env = lmdb.open(path, map_size=map_bytes, max_dbs=4, subdir=True,
+            self._env = lmdb.open(path, map_size=map_bytes, max_dbs=6, subdir=True,
                                   readonly=readonly, lock=not readonly, sync=False,
                                   metasync=False, readahead=False, create=not readonly)
             self._offsets = self._env.open_db(b"offsets", create=not readonly)
             self._times = self._env.open_db(b"times", create=not readonly)
             self._meta = self._env.open_db(b"meta", create=not readonly)
+            self._txns = self._env.open_db(b"txns", create=not readonly)
+            self._open = self._env.open_db(b"open", create=not readonly)
         except lmdb.Error as error:
             if self._env is not None:
                 self._env.close()
@@ -99,10 +107,12 @@ class Index:
 
     # -- writes (writer thread only) ------------------------------------------------
 
-    def put(self, entries: list[IndexEntry], recovery: RecoveryPoint | None = None) -> None:
-        """Add batch entries (in offset order, after every existing one) and optionally
-        move the recovery point, in one transaction."""
-        if not entries and recovery is None:
+    def put(self, entries: list[IndexEntry], recovery: RecoveryPoint | None = None,
+            events=()) -> None:
+        """Add batch entries (in offset order, after every existing one), transaction
+        events (txn.frame_events) and optionally move the recovery point, in one
+        transaction."""
+        if not entries and recovery is None and not events:
             return
         hwm_before = self.last_entry.hwm_after_us if self.last_entry else None
         if self.last_entry is not None and entries:
@@ -114,6 +124,13 @@ class Index:
                 hwm_before = entry.hwm_after_us
         if self._env is None or self.readonly:
             self._overlay_put(entries, times)
+            for txn_id, state, first, tag, marker in events:
+                known = self._overlay_txns.get(txn_id) or self._stored_txn(txn_id)
+                if state == 1 and known is not None:
+                    continue
+                self._overlay_txns[txn_id] = (state, known[1] if known else first)
+                if tag:
+                    self._overlay_commits[tag] = marker
         else:
             with self._env.begin(write=True) as txn:
                 cursor = txn.cursor(self._offsets)
@@ -124,8 +141,56 @@ class Index:
                                      append=True)
                 if recovery is not None:
                     txn.put(b"recovery", _RECOVERY.pack(*recovery), db=self._meta)
+                for txn_id, state, first, tag, marker in events:
+                    self._apply_event(txn, txn_id, state, first, tag, marker)
         if entries:
             self.last_entry = entries[-1]
+
+    def _apply_event(self, txn, txn_id, state, first, tag, marker) -> None:
+        key = _KEY.pack(txn_id)
+        known = txn.get(key, db=self._txns)
+        if state == 1:  # OPEN: only the first data frame of a transaction opens it
+            if known is None:
+                txn.put(key, _TXN.pack(state, first), db=self._txns)
+                txn.put(key, _KEY.pack(first), db=self._open)
+            return
+        if known is not None:
+            first = _TXN.unpack(known)[1]
+        txn.put(key, _TXN.pack(state, first), db=self._txns)
+        txn.delete(key, db=self._open)
+        if tag:
+            txn.put(b"commit:" + tag.encode(), marker, db=self._meta)
+
+    def txn_state(self, txn_id: int) -> tuple[int, int] | None:
+        """(state, first offset) of a transaction, or None when unknown."""
+        found = self._overlay_txns.get(txn_id)
+        return found if found is not None else self._stored_txn(txn_id)
+
+    def _stored_txn(self, txn_id: int):
+        if self._env is None:
+            return None
+        with self._env.begin() as txn:
+            value = txn.get(_KEY.pack(txn_id), db=self._txns)
+        return _TXN.unpack(value) if value else None
+
+    def open_txns(self) -> dict[int, int]:
+        """{txn_id: first offset} of transactions with no commit or abort yet."""
+        out = {}
+        if self._env is not None:
+            with self._env.begin() as txn:
+                out = {_KEY.unpack(k)[0]: _KEY.unpack(v)[0]
+                       for k, v in txn.cursor(self._open)}
+        for txn_id, (state, first) in self._overlay_txns.items():
+            if state == 1:
+                out[txn_id] = first
+            else:
+                out.pop(txn_id, None)
+        return out
+
+    def last_commit(self, tag: str) -> bytes | None:
+        if tag in self._overlay_commits:
+            return self._overlay_commits[tag]
+        return self._get_meta(b"commit:" + tag.encode())
 
     def _overlay_put(self, entries, times) -> None:
         self._overlay.extend(entries)
@@ -150,6 +215,11 @@ class Index:
                     while cursor.delete():
                         pass
                 self._drop_times(txn, lambda base: base >= offset)
+                doomed = [k for k, v in txn.cursor(self._txns) if _TXN.unpack(v)[1] >= offset]
+                for key in doomed:
+                    txn.delete(key, db=self._txns)
+                    txn.delete(key, db=self._open)
+        self._overlay_txns = {t: v for t, v in self._overlay_txns.items() if v[1] < offset}
         keep = bisect.bisect_left(self._overlay_bases, offset)
         del self._overlay[keep:], self._overlay_bases[keep:]
         self._overlay_times = [(h, b) for h, b in self._overlay_times if b < offset]
@@ -178,9 +248,10 @@ class Index:
         """Forget everything (before a rebuild from the segments)."""
         if self._env is not None and not self.readonly:
             with self._env.begin(write=True) as txn:
-                for db in (self._offsets, self._times, self._meta):
+                for db in (self._offsets, self._times, self._meta, self._txns, self._open):
                     txn.drop(db, delete=False)
         self._overlay, self._overlay_bases, self._overlay_times = [], [], []
+        self._overlay_txns, self._overlay_commits = {}, {}
         self.last_entry = None
 
     # -- reads (any thread) ---------------------------------------------------------

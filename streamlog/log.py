@@ -286,7 +286,7 @@ class Log:
     def reader(self, stream: str, partition: int = 0, *, from_offset: int | None = None,
                from_timestamp_us: int | None = None, to_offset: int | None = None,
                to_timestamp_us: int | None = None, follow: bool = False,
-               data_only: bool = True) -> Reader:
+               data_only: bool = True, read_committed: bool = True) -> Reader:
         """A Reader of one partition. Start: `from_offset` (inclusive) or the first
         record whose high-water mark is >= `from_timestamp_us`, else the log start.
         End (exclusive): `to_offset` or `to_timestamp_us` by the same rule, else the
@@ -314,7 +314,7 @@ class Log:
             start = part.start_offset
         return Reader(part, start_offset=start, stop_offset=to_offset,
                       stop_timestamp_us=to_timestamp_us, follow=follow, data_only=data_only,
-                      stream=stream)
+                      read_committed=read_committed, stream=stream)
 
     def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us (the end if none)."""
@@ -325,6 +325,51 @@ class Log:
 
     def start_offset(self, stream: str, partition: int = 0) -> int:
         return self.partition(stream, partition).start_offset
+
+    # -- transactions (DESIGN 6, txn.py) ---------------------------------------------
+
+    @staticmethod
+    def new_txn_id() -> int:
+        """A fresh random transaction id (nonzero, 64-bit)."""
+        while True:
+            txn_id = int.from_bytes(os.urandom(8), "big")
+            if txn_id:
+                return txn_id
+
+    def commit_txn(self, stream: str, partition: int, txn_id: int, *, tag: str = "",
+                   marker: bytes = b"") -> int:
+        """Append the COMMIT marker of an open transaction; returns its offset once
+        durable. `tag`/`marker` are remembered for last_commit(tag)."""
+        part = self._open_txn(stream, partition, txn_id)
+        if not isinstance(tag, str) or len(tag.encode()) >= 1 << 16:
+            raise InvalidArgument("tag must be a str shorter than 64 KiB")
+        from .txn import encode_commit
+        return part.append_marker(txn_id, RecordKind.COMMIT,
+                                  encode_commit(tag, _as_bytes(marker, "marker", 0)))
+
+    def abort_txn(self, stream: str, partition: int, txn_id: int) -> int:
+        """Append the ABORT marker of an open transaction: its data is never visible."""
+        return self._open_txn(stream, partition, txn_id).append_marker(
+            txn_id, RecordKind.ABORT, b"")
+
+    def txn_state(self, stream: str, partition: int, txn_id: int):
+        """TxnState of a transaction in a partition, or None when it has no data there."""
+        return self.partition(stream, partition).txn_state(txn_id)
+
+    def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
+        """Marker of the latest commit made with `tag` in the partition, or None."""
+        return self.partition(stream, partition).index.last_commit(tag)
+
+    def _open_txn(self, stream: str, partition: int, txn_id: int):
+        from .txn import TxnState
+        part = self.partition(stream, partition)
+        if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 < txn_id < 1 << 64:
+            raise InvalidArgument(f"txn_id must be an int in 1..2**64-1 (got {txn_id!r})")
+        state = part.txn_state(txn_id)
+        if state is not TxnState.OPEN:
+            what = "has no data" if state is None else f"is {state.name.lower()}"
+            raise InvalidArgument(f"transaction {txn_id:#x} {what} in {part.name}")
+        return part
 
     # -- maintenance ----------------------------------------------------------------
 

@@ -19,7 +19,9 @@ import threading
 import numpy as np
 
 from . import fileio as fileio_module
-from .appender import Appender, Pending, Waiter
+from .appender import Appender, Pending, Piece, Waiter
+from .records import RecordKind
+from .txn import TxnState
 from .config import LogConfig
 from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange, ReadOnlyLog)
 from .frame import INCOMPLETE, Frame, decode_frame, encode_frame
@@ -72,6 +74,23 @@ class Partition:
                              bytes_max=config.tail_ring_bytes_max)
         self.ring.end_offset = self.next_offset
         self.appender = None if readonly else Appender(self, config)
+        if not readonly:
+            self._abort_orphans()
+
+    def _abort_orphans(self) -> None:
+        """Abort transactions that a crashed writer left open (DESIGN 6)."""
+        for txn_id in sorted(self.index.open_txns()):
+            self.append_marker(txn_id, RecordKind.ABORT, b"")
+
+    def append_marker(self, txn_id: int, kind, value: bytes) -> int:
+        import time
+        piece = Piece([time.time_ns() // 1000], [None], [value], [int(kind)], None,
+                      len(value) + 24, txn_id)
+        return self.submit([piece])
+
+    def txn_state(self, txn_id: int):
+        found = self.index.txn_state(txn_id)
+        return None if found is None else TxnState(found[0])
 
     # -- opening --------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from .errors import LogClosed
 from .index import NO_HWM
 from .payload import Columns, columns_to_records, decode_columns, running_max
 from .records import RecordKind
+from .txn import TxnState
 
 _tokens = itertools.count(1)
 _WAIT = object()
@@ -34,7 +35,8 @@ _WAIT = object()
 class Reader:
     def __init__(self, partition, *, start_offset: int, stop_offset: int | None = None,
                  stop_timestamp_us: int | None = None, follow: bool = False,
-                 data_only: bool = True, stream: str | None = None) -> None:
+                 data_only: bool = True, read_committed: bool = True,
+                 stream: str | None = None) -> None:
         partition.check_offset(start_offset)
         self.partition = partition
         self.stream = stream
@@ -43,6 +45,9 @@ class Reader:
         self.stop_timestamp_us = stop_timestamp_us
         self.follow = follow
         self.data_only = data_only
+        self.read_committed = read_committed
+        self._txn_states: dict[int, object] = {}
+        self._blocked_at: int | None = None  # end offset when an open txn blocked us
         self.done = False
         self._token = next(_tokens)
         self._hwm: int | None = None
@@ -91,10 +96,13 @@ class Reader:
 
     # -- the loop -------------------------------------------------------------------
 
+    def _wait_offset(self) -> int:
+        return self.next_offset if self._blocked_at is None else self._blocked_at
+
     def _slices_sync(self):
         for item in self._slices():
             if item is _WAIT:
-                self.partition.ring.wait(self.next_offset, timeout=1.0)
+                self.partition.ring.wait(self._wait_offset(), timeout=1.0)
                 if self.partition.closed:
                     raise LogClosed("the log was closed while following it")
                 continue
@@ -103,7 +111,7 @@ class Reader:
     async def _slices_async(self):
         for item in self._slices():
             if item is _WAIT:
-                await self.partition.ring.wait_async(self.next_offset)
+                await self.partition.ring.wait_async(self._wait_offset())
                 if self.partition.closed:
                     raise LogClosed("the log was closed while following it")
                 continue
@@ -120,18 +128,46 @@ class Reader:
                     break
                 yield _WAIT
                 continue
+            if self._blocked_at is not None:
+                if not self.follow:
+                    break
+                if partition.next_offset <= self._blocked_at:
+                    yield _WAIT
+                    continue
+                self._blocked_at, self._txn_states = None, {}
             found = partition.ring.find(self.next_offset)
             if found is not None:
                 base, columns, hwm_before = found
-                yield from self._emit(columns, hwm_before)
+                yield from self._visible(columns, hwm_before)
                 continue
             for frame in partition.disk_frames(self.next_offset):
                 if frame.next_offset <= self.next_offset:
                     continue
-                yield from self._emit(decode_columns(frame), None)
-                if self.done or partition.ring.find(self.next_offset) is not None:
+                yield from self._visible(decode_columns(frame), None)
+                if self.done or self._blocked_at is not None or partition.ring.find(
+                        self.next_offset) is not None:
                     break
         self.close()
+
+    def _visible(self, columns: Columns, hwm_before):
+        """Apply read_committed to a batch: emit it, skip it (aborted), or stop before
+        it (its transaction is still open: the last stable offset)."""
+        txn_id = columns.txn_id
+        if txn_id == 0 or not self.read_committed:
+            yield from self._emit(columns, hwm_before)
+            return
+        state = self._txn_states.get(txn_id)
+        if state is None:
+            state = self._txn_states[txn_id] = self.partition.txn_state(txn_id)
+        if state is TxnState.COMMITTED:
+            yield from self._emit(columns, hwm_before)
+        elif state is TxnState.ABORTED:
+            self._hwm_known = False
+            self.next_offset = columns.base_offset + len(columns)
+            if self.stop_offset is not None:
+                self.next_offset = min(self.next_offset, self.stop_offset)
+        else:
+            self._blocked_at = self.partition.next_offset
 
     def _emit(self, columns: Columns, hwm_before):
         base = columns.base_offset

@@ -27,7 +27,9 @@ from .errors import CorruptFrame, CorruptSegment
 from .frame import INCOMPLETE, decode_frame
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .scan import StopReason, TailState, resync, scan_buffer
+from .payload import decode_columns
 from .segment import Segment
+from .txn import frame_events
 
 log = logging.getLogger("streamlog.recovery")
 
@@ -169,8 +171,9 @@ def _scan_segment(segment: Segment, position: int, state: ScanState, index: Inde
         if result.stop is StopReason.INCOMPLETE and result.end == 0 and len(data) < size:
             data = segment.read(position, min(size, _needed(data, chunk_bytes)))
             result = scan_buffer(data, 0, expect_offset=state.next_offset)
-        entries = []
+        entries, events = [], []
         for frame in result.frames:
+            events += txn_events(frame)
             hwm_before = state.hwm_us
             state.hwm_us = frame.max_timestamp_us if hwm_before is None else max(
                 hwm_before, frame.max_timestamp_us)
@@ -179,7 +182,7 @@ def _scan_segment(segment: Segment, position: int, state: ScanState, index: Inde
                                       frame.size, frame.min_timestamp_us,
                                       frame.max_timestamp_us, state.hwm_us))
             state.next_offset = frame.next_offset
-        index.put(entries)
+        index.put(entries, None, events)
         report.frames_indexed += len(entries)
         report.scanned_bytes += result.end
         position += result.end
@@ -189,6 +192,19 @@ def _scan_segment(segment: Segment, position: int, state: ScanState, index: Inde
             return StopReason.BAD, result.reason, position
         if result.stop is StopReason.INCOMPLETE and result.end == 0:
             return StopReason.INCOMPLETE, "frame cut short", position
+
+
+def txn_events(frame) -> list:
+    """Transaction events of a frame (decodes the payload only for control frames)."""
+    if frame.txn_id == 0:
+        return []
+    if not frame.has_control:
+        return frame_events(frame.txn_id, frame.base_offset, None, None)
+    columns = decode_columns(frame)
+    offsets = columns.value_offsets()
+    values = bytes(columns.values)
+    return frame_events(frame.txn_id, frame.base_offset, columns.kinds.tolist(),
+                        lambda i: values[offsets[i]:offsets[i + 1]])
 
 
 def _needed(data: bytes, chunk_bytes: int) -> int:
