@@ -17,6 +17,7 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -46,6 +47,17 @@ def phase(name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     progress(f"{name} done ({time.perf_counter() - start:.2f} s)")
+
+
+def attempt(name: str, fn: Callable[[], object], failures: list[str]) -> None:
+    """Run one measurement; on an exception print its traceback and add name to failures,
+    so that one broken measurement does not cost the figures of the others."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001  (reported, and the run exits non-zero)
+        traceback.print_exc()
+        progress(f"FAILED: {name}")
+        failures.append(name)
 
 
 # ---------------------------------------------------------------- timing

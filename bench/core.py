@@ -46,6 +46,8 @@ streamlog (one stream, one partition):
                          reopen_log_bytes is the size of the log on disk after the kill.
 
 Replays read files just written, so they come from the page cache, for every contender.
+A measurement that fails prints its traceback on stderr and leaves its figures out; the
+others still run, the results are still written, and the exit status is then 1.
 The machine this runs on is shared: compare ratios rather than absolute figures.
 """
 
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -68,8 +71,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, dir_bytes, fresh_dir, median,
-    phase, print_table, print_targets, progress, rate, ratio, remove, timed,
+    DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
+    median, phase, print_table, print_targets, progress, rate, ratio, remove, timed,
     write_results)
 
 STREAM = "events"
@@ -348,8 +351,8 @@ async def append_concurrent(path: Path, data: Dataset, total: int,
     return done, seconds
 
 
-def measure_appends(work: Path, data: Dataset, figures: dict, concurrent_max: int,
-                    concurrent_seconds: float) -> Path:
+def measure_batched(work: Path, data: Dataset, figures: dict) -> None:
+    """Leaves the log at work/batched for the replays and seeks."""
     n = len(data)
     path = work / "batched"
     remove(path)
@@ -361,7 +364,10 @@ def measure_appends(work: Path, data: Dataset, figures: dict, concurrent_max: in
     progress(f"streamlog: batched append {figures['append_batched_rps']:,.0f} rec/s,"
              f" {figures['append_batched_mb_s']:.1f} MB/s")
 
-    count = min(n, concurrent_max)
+
+def measure_concurrent(work: Path, data: Dataset, figures: dict, concurrent_max: int,
+                       concurrent_seconds: float) -> None:
+    count = min(len(data), concurrent_max)
     concurrent_path = work / "concurrent"
     remove(concurrent_path)
     with phase(f"streamlog: {CONCURRENT_TASKS:,} concurrent appenders, up to {count:,}"
@@ -372,7 +378,6 @@ def measure_appends(work: Path, data: Dataset, figures: dict, concurrent_max: in
     figures["append_concurrent_records"] = done
     progress(f"streamlog: concurrent append {figures['append_concurrent_rps']:,.0f} rec/s")
     remove(concurrent_path)
-    return path
 
 
 # ---------------------------------------------------------------- streamlog: reads
@@ -400,8 +405,12 @@ def replay_arrow(log) -> int:
     return rows
 
 
-def measure_replays(path: Path, data: Dataset, figures: dict) -> None:
+def measure_replays(work: Path, data: Dataset, figures: dict) -> None:
+    """Replays and timestamp seeks on the log measure_batched left; removes it after."""
     n = len(data)
+    path = work / "batched"
+    if not path.is_dir():
+        raise RuntimeError(f"no log at {path} to replay (the batched append failed)")
     watch = Stopwatch()
     log = open_log(path)
     figures["reopen_clean_s"] = watch.elapsed
@@ -423,6 +432,7 @@ def measure_replays(path: Path, data: Dataset, figures: dict) -> None:
         figures["timestamp_seek_ms_max"] = max(seeks)
     finally:
         log.close()
+        remove(path)
 
 
 def timestamp_seeks(log, timestamps_us: list[int], rng: random.Random) -> list[float]:
@@ -673,27 +683,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """Every measurement in turn; one that fails is reported and the others still run.
+
+    Returns the figures and the names of the measurements that failed.
+    """
     work = fresh_dir(args.workdir.resolve() / "core")
     figures: dict = {"records": args.records, "key_bytes": KEY_BYTES,
                      "value_bytes": VALUE_BYTES, "batch_records": BATCH}
+    scale = 10 if args.quick else 1
+    failures: list[str] = []
     try:
         with phase(f"generate {args.records:,} records"):
             data = make_dataset(args.records, args.seed)
-        measure_baselines(work, data, figures)
+        steps = [("baselines", lambda: measure_baselines(work, data, figures))]
         if not args.baselines_only:
-            scale = 10 if args.quick else 1
-            batched_path = measure_appends(work, data, figures, CONCURRENT_RECORDS_MAX // scale,
-                                           CONCURRENT_SECONDS_MAX / scale)
-            measure_replays(batched_path, data, figures)
-            remove(batched_path)
-            measure_small_seek(work, data, figures)
-            measure_reopen(work, figures, int(args.reopen_gb * GiB))
+            steps += [
+                ("batched append", lambda: measure_batched(work, data, figures)),
+                ("concurrent append", lambda: measure_concurrent(
+                    work, data, figures, CONCURRENT_RECORDS_MAX // scale,
+                    CONCURRENT_SECONDS_MAX / scale)),
+                ("replay and seek", lambda: measure_replays(work, data, figures)),
+                ("seek on the N/10 log", lambda: measure_small_seek(work, data, figures)),
+                ("reopen after kill", lambda: measure_reopen(
+                    work, figures, int(args.reopen_gb * GiB))),
+            ]
+        for name, step in steps:
+            attempt(name, step, failures)
     finally:
         if not args.keep:
             remove(work)
+            if args.workdir.resolve() == DEFAULT_WORKDIR:
+                with contextlib.suppress(OSError):
+                    DEFAULT_WORKDIR.rmdir()  # only when empty
     add_ratios(figures)
-    return figures
+    return figures, failures
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -704,10 +728,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.reopen_open:
         reopen_opener(Path(args.reopen_open))
         return
-    figures = run(args)
+    figures, failures = run(args)
     path = write_results("core", figures)
     report(figures)
     print(f"\nwrote {path}")
+    if failures:
+        print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -210,21 +210,41 @@ class Log:
                      partition=None, headers=None, kind=RecordKind.DATA,
                      txn_id: int = 0) -> RecordPosition:
         """Append one record; returns where it landed once durable under the policy."""
-        target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us),
-                                       partition, [headers] if headers else None,
-                                       _kinds(kind), txn_id)
-        (number, piece_list), = pieces.items()
-        offset = await target[number].submit_async(piece_list)
-        return RecordPosition(number, offset)
+        part, pieces = self._prepare_one(stream, value, key, timestamp_us, partition, headers,
+                                         kind, txn_id)
+        return RecordPosition(part.number, await part.submit_async(pieces))
 
     def append_sync(self, stream: str, value, *, key=None, timestamp_us=None, partition=None,
                     headers=None, kind=RecordKind.DATA, txn_id: int = 0) -> RecordPosition:
         """Blocking append() for code that is not asyncio."""
-        target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us),
-                                       partition, [headers] if headers else None,
-                                       _kinds(kind), txn_id)
+        part, pieces = self._prepare_one(stream, value, key, timestamp_us, partition, headers,
+                                         kind, txn_id)
+        return RecordPosition(part.number, part.submit(pieces))
+
+    def _prepare_one(self, stream, value, key, timestamp_us, partition, headers, kind, txn_id):
+        """The single-record path: the common case checked inline, the rest through the
+        general batch checks (which give the same errors)."""
+        partitions = self._streams.get(stream) if type(stream) is str else None
+        if (partitions is not None and not self.closed and not self.readonly
+                and type(value) is bytes and (key is None or type(key) is bytes)
+                and (timestamp_us is None or type(timestamp_us) is int
+                     and _INT64_MIN < timestamp_us <= _INT64_MAX)
+                and not headers and kind == RecordKind.DATA and txn_id == 0
+                and (partition is None or type(partition) is int
+                     and 0 <= partition < len(partitions))
+                and len(value) + (len(key) if key is not None else 0)
+                <= self.config.record_bytes_max):
+            if partition is None:
+                partition = self._assign(stream, [key], len(partitions)).popitem()[0]
+            if timestamp_us is None:
+                timestamp_us = time.time_ns() // 1000
+            size = len(value) + (len(key) if key is not None else 0) + 24
+            return partitions[partition], [Piece([timestamp_us], [key], [value], None, None,
+                                                 size, 0)]
+        target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us), partition,
+                                       [headers] if headers else None, _kinds(kind), txn_id)
         (number, piece_list), = pieces.items()
-        return RecordPosition(number, target[number].submit(piece_list))
+        return target[number], piece_list
 
     async def append_batch(self, stream: str, values, *, keys=None, timestamps_us=None,
                            partition=None, headers=None, kinds=None,
@@ -452,25 +472,38 @@ def _one(timestamp_us):
 
 
 def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
+    """Check and normalise one append's columns. Fast paths for the common types keep
+    this off the profile (it runs in the caller, once per record)."""
     if isinstance(values, (*_BYTES, str)) or not hasattr(values, "__len__"):
         raise InvalidAppend("values must be a list of bytes (one item per record)")
     n = len(values)
     if n == 0:
         raise InvalidAppend("nothing to append: values is empty")
-    values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
-    keys = [None] * n if keys is None else _column(keys, n, "keys")
-    keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
+    if not all(type(v) is bytes for v in values):
+        values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
+    if keys is None:
+        keys = [None] * n
+    else:
+        keys = _column(keys, n, "keys")
+        if not all(type(k) is bytes for k in keys):
+            keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
     limit = config.record_bytes_max
-    for i in range(n):
-        size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
-        if size > limit:
-            raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
-                                f"(record_bytes_max)")
+    key_max = max((len(k) for k in keys if k is not None), default=0)
+    if max(map(len, values)) + key_max > limit:
+        for i in range(n):
+            size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
+            if size > limit:
+                raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
+                                    f"(record_bytes_max)")
     if timestamps_us is None:
         timestamps = [time.time_ns() // 1000] * n
     else:
-        timestamps = [_timestamp(t, i) for i, t in enumerate(_column(timestamps_us, n,
-                                                                     "timestamps_us"))]
+        timestamps = _column(timestamps_us, n, "timestamps_us")
+        if all(type(t) is int for t in timestamps):
+            if min(timestamps) <= _INT64_MIN or max(timestamps) > _INT64_MAX:
+                timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
+        else:
+            timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
     if headers is not None:
         headers = [_headers(h, i) for i, h in enumerate(_column(headers, n, "headers"))]
     if kinds is not None:
@@ -526,8 +559,13 @@ def _headers(headers, row: int):
 
 def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list[Piece]:
     """Split the rows going to one partition into pieces that each fit one frame."""
-    pieces, current, size = [], [], 0
     budget = config.frame_bytes_max // 2
+    if isinstance(rows, range) and len(rows) == len(values) and len(rows) <= (
+            config.batch_records_max):
+        size = sum(map(len, values)) + sum(len(k) for k in keys if k is not None) + 24 * len(rows)
+        if size <= budget:
+            return [_piece(rows, values, keys, timestamps, headers, kinds, txn_id, size)]
+    pieces, current, size = [], [], 0
     for row in rows:
         record = len(values[row]) + (len(keys[row]) if keys[row] is not None else 0) + 24
         if current and (size + record > budget or len(current) >= config.batch_records_max):
@@ -542,7 +580,7 @@ def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list
 
 def _piece(rows, values, keys, timestamps, headers, kinds, txn_id, size) -> Piece:
     if isinstance(rows, range) and rows.start == 0 and rows.stop == len(values):
-        return Piece(timestamps, keys, values, kinds, headers, size, txn_id)
+        return Piece(list(timestamps), keys, values, kinds, headers, size, txn_id)
     return Piece([timestamps[r] for r in rows], [keys[r] for r in rows],
                  [values[r] for r in rows],
                  None if kinds is None else [kinds[r] for r in rows],
