@@ -479,16 +479,16 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
     n = len(values)
     if n == 0:
         raise InvalidAppend("nothing to append: values is empty")
-    if not all(type(v) is bytes for v in values):
+    if set(map(type, values)) != {bytes}:
         values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
     if keys is None:
         keys = [None] * n
     else:
         keys = _column(keys, n, "keys")
-        if not all(type(k) is bytes for k in keys):
+        if not set(map(type, keys)) <= _KEY_TYPES:
             keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
     limit = config.record_bytes_max
-    key_max = max((len(k) for k in keys if k is not None), default=0)
+    key_max = max(map(_len_or_zero, keys))
     if max(map(len, values)) + key_max > limit:
         for i in range(n):
             size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
@@ -499,7 +499,7 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
         timestamps = [time.time_ns() // 1000] * n
     else:
         timestamps = _column(timestamps_us, n, "timestamps_us")
-        if all(type(t) is int for t in timestamps):
+        if set(map(type, timestamps)) == {int}:
             if min(timestamps) <= _INT64_MIN or max(timestamps) > _INT64_MAX:
                 timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
         else:
@@ -512,6 +512,13 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
         except ValueError as error:
             raise InvalidAppend(f"bad record kind: {error}") from None
     return values, keys, timestamps, headers, kinds
+
+
+_KEY_TYPES = {bytes, type(None)}
+
+
+def _len_or_zero(item) -> int:
+    return 0 if item is None else len(item)
 
 
 def _column(column, n: int, name: str):
@@ -562,7 +569,7 @@ def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list
     budget = config.frame_bytes_max // 2
     if isinstance(rows, range) and len(rows) == len(values) and len(rows) <= (
             config.batch_records_max):
-        size = sum(map(len, values)) + sum(len(k) for k in keys if k is not None) + 24 * len(rows)
+        size = sum(map(len, values)) + sum(map(_len_or_zero, keys)) + 24 * len(rows)
         if size <= budget:
             return [_piece(rows, values, keys, timestamps, headers, kinds, txn_id, size)]
     pieces, current, size = [], [], 0

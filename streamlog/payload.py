@@ -69,7 +69,7 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     assert len(keys) == n and len(timestamps_us) == n
     flags = 0
     parts = [np.asarray(timestamps_us, dtype="<i8").tobytes(),
-             np.fromiter((-1 if k is None else len(k) for k in keys), "<i4", n).tobytes(),
+             _key_lengths(keys, n).tobytes(),
              np.fromiter(map(len, values), "<i4", n).tobytes()]
     header_blobs = None
     if headers is not None and any(headers):
@@ -84,6 +84,13 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     if header_blobs is not None:
         parts.append(b"".join(header_blobs))
     return b"".join(parts), flags
+
+
+def _key_lengths(keys, n: int) -> np.ndarray:
+    try:
+        return np.fromiter(map(len, keys), "<i4", n)  # no None among them: the common case
+    except TypeError:
+        return np.fromiter((-1 if k is None else len(k) for k in keys), "<i4", n)
 
 
 def compress(raw: bytes, compressor: zstandard.ZstdCompressor) -> bytes | None:
