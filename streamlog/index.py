@@ -86,6 +86,9 @@ class Index:
         self._overlay_times: list[tuple[int, int]] = []
         self._overlay_txns: dict[int, tuple[int, int]] = {}
         self._overlay_commits: dict[str, bytes] = {}
+        # Read-only: stored entries from this offset on are hidden (a live writer may be
+        # ahead of what this open scanned); the overlay stands in for them.
+        self._hidden_from: int | None = None
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
@@ -214,11 +217,14 @@ class Index:
                 if cursor.set_range(_KEY.pack(offset)):
                     while cursor.delete():
                         pass
-                self._drop_times(txn, lambda base: base >= offset)
+                self._drop_times_from(txn, offset)
                 doomed = [k for k, v in txn.cursor(self._txns) if _TXN.unpack(v)[1] >= offset]
                 for key in doomed:
                     txn.delete(key, db=self._txns)
                     txn.delete(key, db=self._open)
+        elif self._env is not None:
+            self._hidden_from = offset if self._hidden_from is None else min(
+                self._hidden_from, offset)
         self._overlay_txns = {t: v for t, v in self._overlay_txns.items() if v[1] < offset}
         keep = bisect.bisect_left(self._overlay_bases, offset)
         del self._overlay[keep:], self._overlay_bases[keep:]
@@ -235,14 +241,17 @@ class Index:
                 while cursor.key() and _KEY.unpack(cursor.key())[0] < offset:
                     if not cursor.delete():
                         break
-            self._drop_times(txn, lambda base: base < offset)
+            cursor = txn.cursor(self._times)
+            # hwm grows with the offset, so the doomed entries are the first ones
+            while cursor.first() and _KEY.unpack(cursor.value())[0] < offset:
+                cursor.delete()
         self.last_entry = self._overlay[-1] if self._overlay else self._last_stored()
 
-    def _drop_times(self, txn, doomed) -> None:
+    def _drop_times_from(self, txn, offset: int) -> None:
         cursor = txn.cursor(self._times)
-        keys = [key for key, value in cursor if doomed(_KEY.unpack(value)[0])]
-        for key in keys:
-            txn.delete(key, db=self._times)
+        # hwm grows with the offset, so the doomed entries are the last ones
+        while cursor.last() and _KEY.unpack(cursor.value())[0] >= offset:
+            cursor.delete()
 
     def clear(self) -> None:
         """Forget everything (before a rebuild from the segments)."""
@@ -275,6 +284,10 @@ class Index:
             return self._overlay[bisect.bisect_right(self._overlay_bases, offset) - 1]
         if self._env is None:
             return None
+        if self._hidden_from is not None:
+            if self._hidden_from == 0:
+                return None
+            offset = min(offset, self._hidden_from - 1)
         with self._env.begin() as txn:
             cursor = txn.cursor(self._offsets)
             key = _KEY.pack(offset)
@@ -295,6 +308,8 @@ class Index:
                 cursor = txn.cursor(self._times)
                 if cursor.set_range(_time_key(timestamp_us)):
                     base = _KEY.unpack(cursor.value())[0]
+                    if self._hidden_from is not None and base >= self._hidden_from:
+                        base = None
         if base is None and self._overlay_times:
             at = bisect.bisect_left(self._overlay_times, (timestamp_us, -1))
             if at < len(self._overlay_times):
@@ -306,7 +321,9 @@ class Index:
             with self._env.begin() as txn:
                 cursor = txn.cursor(self._offsets)
                 if cursor.first():
-                    return _entry(_KEY.unpack(cursor.key())[0], cursor.value())
+                    entry = _entry(_KEY.unpack(cursor.key())[0], cursor.value())
+                    if self._hidden_from is None or entry.base_offset < self._hidden_from:
+                        return entry
         return self._overlay[0] if self._overlay else None
 
     def count(self) -> int:
@@ -319,6 +336,8 @@ class Index:
     def _last_stored(self) -> IndexEntry | None:
         if self._env is None:
             return None
+        if self._hidden_from is not None:
+            return self.lookup_offset(self._hidden_from - 1) if self._hidden_from else None
         with self._env.begin() as txn:
             cursor = txn.cursor(self._offsets)
             if cursor.last():
