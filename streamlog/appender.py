@@ -240,6 +240,9 @@ class Appender:
         if job is not None:
             try:
                 resolve_waiters([(job.waiter, job.job(), None)])
+            except OSError as error:  # an I/O error is as sticky here as in an append
+                self._fail(error)
+                resolve_waiters([(job.waiter, None, PartitionFailed(f"I/O failed: {error}"))])
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 resolve_waiters([(job.waiter, None, error)])
 

@@ -79,18 +79,27 @@ class LogConfig:
                          "read_chunk_bytes", "partitions_max", "index_map_bytes")
         for name in positive_ints:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise InvalidArgument(f"{name} must be a positive integer (got {value!r})")
-        if not 1 <= self.zstd_level <= 22:
-            raise InvalidArgument(f"zstd_level must be in 1..22 (got {self.zstd_level!r})")
-        if self.segment_age_max_s <= 0:
-            raise InvalidArgument("segment_age_max_s must be positive")
-        for name in ("retention_age_s", "retention_bytes"):
+        if not _is_int(self.zstd_level) or not 1 <= self.zstd_level <= 22:
+            raise InvalidArgument(f"zstd_level must be an int in 1..22 (got {self.zstd_level!r})")
+        if not _is_number(self.segment_age_max_s) or self.segment_age_max_s <= 0:
+            raise InvalidArgument(f"segment_age_max_s must be a positive number of seconds "
+                                  f"(got {self.segment_age_max_s!r})")
+        for name, check in (("retention_age_s", _is_number), ("retention_bytes", _is_int)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value <= 0):
+            if value is not None and (not check(value) or value <= 0):
                 raise InvalidArgument(f"{name} must be positive or None (got {value!r})")
         if self.record_bytes_max > self.frame_bytes_max // 2:
             raise InvalidArgument("record_bytes_max must be at most half of frame_bytes_max")
         if self.segment_bytes_max < 4096:
             raise InvalidArgument("segment_bytes_max must be at least 4096")
         return dataclasses.replace(self, fsync=fsync, compression=compression)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

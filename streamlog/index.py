@@ -261,6 +261,8 @@ class Index:
                     txn.drop(db, delete=False)
         self._overlay, self._overlay_bases, self._overlay_times = [], [], []
         self._overlay_txns, self._overlay_commits = {}, {}
+        if self._env is not None and self.readonly:
+            self._hidden_from = 0  # read-only rebuild: the overlay replaces everything
         self.last_entry = None
 
     # -- reads (any thread) ---------------------------------------------------------

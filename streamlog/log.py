@@ -98,7 +98,7 @@ class Log:
         if not os.path.exists(marker):
             if self.readonly:
                 raise StreamLogError(f"{self.path} is not a streamlog log (no streamlog.json)")
-            if any(name not in ("LOCK",) for name in os.listdir(self.path)):
+            if any(name not in ("LOCK", "streamlog.json.tmp") for name in os.listdir(self.path)):
                 raise StreamLogError(f"{self.path} is not empty and not a streamlog log; "
                                      f"refusing to write into it")
             self._take_lock()
@@ -338,7 +338,11 @@ class Log:
 
     def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us (the end if none)."""
-        return self.partition(stream, partition).offset_for_timestamp(int(timestamp_us))
+        part = self.partition(stream, partition)
+        if isinstance(timestamp_us, bool) or not isinstance(timestamp_us, numbers.Integral):
+            raise InvalidArgument(f"timestamp_us must be an int of microseconds "
+                                  f"(got {type(timestamp_us).__name__})")
+        return part.offset_for_timestamp(int(timestamp_us))
 
     def end_offset(self, stream: str, partition: int = 0) -> int:
         return self.partition(stream, partition).next_offset
@@ -561,6 +565,16 @@ def _headers(headers, row: int):
             out.append((name, _as_bytes(value, "header value", row)))
     except (TypeError, ValueError):
         raise InvalidAppend(f"headers of record {row} must be (str, bytes) pairs") from None
+    if len(out) >= 1 << 16:
+        raise InvalidAppend(f"record {row} has {len(out)} headers; at most 65535")
+    for name, value in out:
+        try:
+            encoded = name.encode()
+        except UnicodeEncodeError:
+            raise InvalidAppend(f"header name of record {row} is not valid UTF-8") from None
+        if len(encoded) >= 1 << 16 or len(value) >= 1 << 32:
+            raise InvalidAppend(f"header {name[:40]!r} of record {row} is too long "
+                                f"(names < 64 KiB, values < 4 GiB)")
     return tuple(out)
 
 

@@ -70,6 +70,9 @@ class Partition:
             self._close_files()
             raise
         self.start_offset = self.segments[0].base_offset if self.segments else 0
+        # Running max of the records retention removed (None when none were removed).
+        stored = self.index.get_meta("start_hwm")
+        self.start_hwm_us = int(stored) if stored and self.start_offset > 0 else None
         self.ring = TailRing(batches_max=config.tail_ring_batches_max,
                              bytes_max=config.tail_ring_bytes_max)
         self.ring.end_offset = self.next_offset
@@ -206,12 +209,14 @@ class Partition:
 
     def hwm_before(self, entry: IndexEntry) -> int | None:
         if entry.base_offset <= self.start_offset:
-            return None
+            return self.start_hwm_us
         previous = self.index.lookup_offset(entry.base_offset - 1)
         return previous.hwm_after_us if previous is not None else None
 
     def offset_for_timestamp(self, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us; the end if none."""
+        if self.start_hwm_us is not None and timestamp_us <= self.start_hwm_us:
+            return self.start_offset  # retention removed the records that reached it
         entry = self.index.lookup_time(timestamp_us)
         if entry is None or entry.base_offset >= self.next_offset:
             return self.next_offset
@@ -238,41 +243,42 @@ class Partition:
 
     def disk_frames(self, offset: int):
         """Frames from the one holding `offset` to the acknowledged end, read in large
-        sequential chunks. Yields Frames whose payload views a chunk."""
+        sequential chunks. Yields Frames whose payload views a chunk. Segments are
+        tracked by base offset, so retention removing older ones does not disturb it."""
         entry = self.index.lookup_offset(offset)
         if entry is None:
-            segment_number, position = 0, 0
+            segment, position = self.segments[0], 0
         else:
-            segment_number = self._segment_number(entry.segment_base)
-            position = entry.position
+            segment, position = self._segment_for(entry.segment_base), entry.position
         chunk = self.config.read_chunk_bytes
         while True:
-            segments = self.segments
-            if segment_number >= len(segments):
-                return
-            segment = segments[segment_number]
             end = self.next_offset
             data = segment.read(position, chunk)
             result = scan_buffer(data, 0)
             if not result.frames and result.stop is StopReason.INCOMPLETE and data:
-                hint = _frame_bytes(data)
-                data = segment.read(position, max(hint, chunk))
+                data = segment.read(position, max(_frame_bytes(data), chunk))
                 result = scan_buffer(data, 0)
+            reached = None
             for frame in result.frames:
                 if frame.base_offset >= end:
                     return
+                reached = frame.next_offset
                 yield Frame(position + frame.position, frame.base_offset,
                             frame.record_count, frame.min_timestamp_us,
                             frame.max_timestamp_us, frame.txn_id, frame.flags,
                             frame.raw_bytes, frame.payload)
             position += result.end
+            if reached is not None and reached >= end:
+                return  # whatever follows is past the acknowledged end (or a torn tail)
             if result.stop is StopReason.BAD:
                 raise _corrupt_read(segment, position, result.reason)
-            if not result.frames or len(data) < chunk and result.stop is StopReason.END:
-                if segment_number + 1 < len(self.segments) and position >= segment.size_bytes:
-                    segment_number, position = segment_number + 1, 0
-                elif not result.frames:
-                    return
+            if result.frames and result.stop is StopReason.INCOMPLETE or (
+                    result.frames and len(data) == chunk):
+                continue
+            following = [s for s in self.segments if s.base_offset > segment.base_offset]
+            if not following or position < segment.size_bytes and result.frames:
+                return
+            segment, position = following[0], 0
 
     def _segment_number(self, base_offset: int) -> int:
         for number, segment in enumerate(self.segments):
@@ -322,6 +328,7 @@ class Partition:
         fileio_module.write_file_atomic(self.fileio, os.path.join(self.directory, INTENT_NAME),
                                         json.dumps(intent).encode())
         self._apply_intent(intent)
+        self.index.sync()  # the index runs without sync; make this change stick
         self.ring.reset(self.next_offset)
         return self.next_offset
 
@@ -411,6 +418,8 @@ class Partition:
             if hold is not None and following.base_offset > hold:
                 break
             last = self.index.lookup_offset(following.base_offset - 1)
+            if last is not None and last.next_offset != following.base_offset:
+                last = None  # the index does not cover it; judge by size only
             too_old = (config.retention_age_s is not None and last is not None and
                        last.hwm_after_us < now_us - config.retention_age_s * 1e6)
             too_big = config.retention_bytes is not None and total > config.retention_bytes
@@ -421,11 +430,16 @@ class Partition:
             self.fileio.fsync_dir(self.directory)
             self.segments = self.segments[1:]
             self.start_offset = following.base_offset
+            if last is not None:
+                self.start_hwm_us = last.hwm_after_us
+                self.index.set_meta("start_hwm", str(last.hwm_after_us).encode())
             self.index.drop_before(following.base_offset)
             oldest.close()
             self.fileio.unlink(doomed)
             total -= oldest.size_bytes
             deleted.append(oldest.path)
+        if deleted:
+            self.index.sync()
         return deleted
 
     # -- closing --------------------------------------------------------------------

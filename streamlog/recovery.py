@@ -128,11 +128,12 @@ def _start_point(segments, index: Index, report: RecoveryReport) -> RecoveryPoin
     bases = {s.base_offset: s for s in segments}
     if point is not None and point.segment_base in bases:
         segment = bases[point.segment_base]
-        if point.position > segment.size_bytes:
-            raise CorruptSegment(segment.path, segment.size_bytes,
-                                 f"file ends before its durable data "
-                                 f"({point.position} bytes were fsynced)")
-        return point
+        if point.position <= segment.size_bytes:
+            return point
+        # The index runs without sync: after a power loss it can be older than the files
+        # (e.g. from before a truncate_after). The segments outrank it: rebuild.
+        log.warning("recovery point of %s is past the end of the file (%d > %d): "
+                    "rebuilding the index", segment.path, point.position, segment.size_bytes)
     if point is not None or index.last_entry is not None:
         log.warning("index of %s does not match its segments: rebuilding",
                     segments[0].path)
