@@ -302,6 +302,12 @@ class Appender:
         part.advance(offset, hwm, position, published)
         return [(pending.waiter, first, None) for pending, first in owners]
 
+    def write_from_job(self, pieces: list[Piece]) -> int:
+        """Append from inside a job already running on the writer thread."""
+        assert threading.current_thread() is self._thread
+        ((_, first, _),) = self._commit([Pending(pieces, None, sum(p.nbytes for p in pieces))])
+        return first
+
     def _fits(self, pieces: list[Piece], piece: Piece) -> bool:
         if piece.txn_id != pieces[0].txn_id:
             return False

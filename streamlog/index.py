@@ -36,7 +36,7 @@ from .errors import CorruptIndex
 _KEY = struct.Struct(">Q")
 _ENTRY = struct.Struct("<QQIIqqq")
 _RECOVERY = struct.Struct("<QQQq")
-_TXN = struct.Struct("<BQ")
+_TXN = struct.Struct("<BQQ")  # state, first data offset, marker offset (0: none)
 _HWM_BIAS = 1 << 63
 # Stands for "no record yet" where a running max must be an int (the recovery point).
 NO_HWM = -(1 << 63)
@@ -89,6 +89,7 @@ class Index:
         # Read-only: stored entries from this offset on are hidden (a live writer may be
         # ahead of what this open scanned); the overlay stands in for them.
         self._hidden_from: int | None = None
+        self.reopened_txns: list[int] = []
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
@@ -131,7 +132,8 @@ class Index:
                 known = self._overlay_txns.get(txn_id) or self._stored_txn(txn_id)
                 if state == 1 and known is not None:
                     continue
-                self._overlay_txns[txn_id] = (state, known[1] if known else first)
+                self._overlay_txns[txn_id] = (state, known[1] if known else first,
+                                              0 if state == 1 else first)
                 if tag:
                     self._overlay_commits[tag] = marker
         else:
@@ -149,23 +151,22 @@ class Index:
         if entries:
             self.last_entry = entries[-1]
 
-    def _apply_event(self, txn, txn_id, state, first, tag, marker) -> None:
+    def _apply_event(self, txn, txn_id, state, offset, tag, marker) -> None:
         key = _KEY.pack(txn_id)
         known = txn.get(key, db=self._txns)
         if state == 1:  # OPEN: only the first data frame of a transaction opens it
             if known is None:
-                txn.put(key, _TXN.pack(state, first), db=self._txns)
-                txn.put(key, _KEY.pack(first), db=self._open)
+                txn.put(key, _TXN.pack(state, offset, 0), db=self._txns)
+                txn.put(key, _KEY.pack(offset), db=self._open)
             return
-        if known is not None:
-            first = _TXN.unpack(known)[1]
-        txn.put(key, _TXN.pack(state, first), db=self._txns)
+        first = _TXN.unpack(known)[1] if known is not None else offset
+        txn.put(key, _TXN.pack(state, first, offset), db=self._txns)
         txn.delete(key, db=self._open)
         if tag:
             txn.put(b"commit:" + tag.encode(), marker, db=self._meta)
 
-    def txn_state(self, txn_id: int) -> tuple[int, int] | None:
-        """(state, first offset) of a transaction, or None when unknown."""
+    def txn_state(self, txn_id: int) -> tuple[int, int, int] | None:
+        """(state, first offset, marker offset) of a transaction, or None when unknown."""
         found = self._overlay_txns.get(txn_id)
         return found if found is not None else self._stored_txn(txn_id)
 
@@ -183,7 +184,7 @@ class Index:
             with self._env.begin() as txn:
                 out = {_KEY.unpack(k)[0]: _KEY.unpack(v)[0]
                        for k, v in txn.cursor(self._open)}
-        for txn_id, (state, first) in self._overlay_txns.items():
+        for txn_id, (state, first, _) in self._overlay_txns.items():
             if state == 1:
                 out[txn_id] = first
             else:
@@ -218,10 +219,7 @@ class Index:
                     while cursor.delete():
                         pass
                 self._drop_times_from(txn, offset)
-                doomed = [k for k, v in txn.cursor(self._txns) if _TXN.unpack(v)[1] >= offset]
-                for key in doomed:
-                    txn.delete(key, db=self._txns)
-                    txn.delete(key, db=self._open)
+                self.reopened_txns = self._drop_txns_from(txn, offset)
         elif self._env is not None:
             self._hidden_from = offset if self._hidden_from is None else min(
                 self._hidden_from, offset)
@@ -230,6 +228,21 @@ class Index:
         del self._overlay[keep:], self._overlay_bases[keep:]
         self._overlay_times = [(h, b) for h, b in self._overlay_times if b < offset]
         self.last_entry = self._overlay[-1] if self._overlay else self._last_stored()
+
+    def _drop_txns_from(self, txn, offset: int) -> list[int]:
+        """Forget transactions that start at or after `offset`; reopen those whose
+        marker is cut off. Returns the reopened ids (the caller aborts them)."""
+        reopened = []
+        for key, value in list(txn.cursor(self._txns)):
+            state, first, marker_at = _TXN.unpack(value)
+            if first >= offset:
+                txn.delete(key, db=self._txns)
+                txn.delete(key, db=self._open)
+            elif state != 1 and marker_at >= offset:
+                txn.put(key, _TXN.pack(1, first, 0), db=self._txns)
+                txn.put(key, _KEY.pack(first), db=self._open)
+                reopened.append(_KEY.unpack(key)[0])
+        return reopened
 
     def drop_before(self, offset: int) -> None:
         """Forget batches that start before `offset` (retention removed their segment)."""

@@ -327,13 +327,16 @@ class Log:
                     value, numbers.Integral)):
                 raise InvalidArgument(f"{name} must be an int (got {type(value).__name__})")
         if from_timestamp_us is not None:
-            start = part.offset_for_timestamp(int(from_timestamp_us))
+            from_timestamp_us = _clamp(from_timestamp_us)
+            start = part.offset_for_timestamp(from_timestamp_us)
         elif from_offset is not None:
             start = int(from_offset)
         else:
             start = part.start_offset
         return Reader(part, start_offset=start, stop_offset=to_offset,
-                      stop_timestamp_us=to_timestamp_us, follow=follow, data_only=data_only,
+                      start_timestamp_us=from_timestamp_us,
+                      stop_timestamp_us=None if to_timestamp_us is None else _clamp(
+                          to_timestamp_us), follow=follow, data_only=data_only,
                       read_committed=read_committed, stream=stream)
 
     def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
@@ -342,7 +345,7 @@ class Log:
         if isinstance(timestamp_us, bool) or not isinstance(timestamp_us, numbers.Integral):
             raise InvalidArgument(f"timestamp_us must be an int of microseconds "
                                   f"(got {type(timestamp_us).__name__})")
-        return part.offset_for_timestamp(int(timestamp_us))
+        return part.offset_for_timestamp(_clamp(timestamp_us))
 
     def end_offset(self, stream: str, partition: int = 0) -> int:
         return self.partition(stream, partition).next_offset
@@ -465,6 +468,11 @@ class Log:
 def partition_for_key(key: bytes, count: int) -> int:
     """Stable across processes and versions: xxh3_64 of the key, modulo the count."""
     return xxhash.xxh3_64_intdigest(key) % count
+
+
+def _clamp(timestamp_us) -> int:
+    """Query timestamps outside int64 mean 'before everything' or 'after everything'."""
+    return min(max(int(timestamp_us), _INT64_MIN + 1), _INT64_MAX)
 
 
 def _kinds(kind):

@@ -47,6 +47,7 @@ class Partition:
         self.readonly = readonly
         self.closed = False
         self._holds: dict[int, int] = {}
+        self.truncations: list[int] = []  # new end offsets, one per truncate_after
         self._holds_lock = threading.Lock()
         if not readonly:
             fileio.makedirs(directory)
@@ -58,14 +59,14 @@ class Partition:
         try:
             if not readonly:
                 self._finish_intent()
+            else:
+                self._view_intent()
             if self.segments:
                 state, self.report = recover(self.segments, self.index, writable=not readonly,
                                              chunk_bytes=config.read_chunk_bytes,
                                              progress=progress)
                 self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
                 self.active_position = state.end_position
-            if readonly:
-                self._respect_intent()
         except BaseException:
             self._close_files()
             raise
@@ -86,10 +87,12 @@ class Partition:
             self.append_marker(txn_id, RecordKind.ABORT, b"")
 
     def append_marker(self, txn_id: int, kind, value: bytes) -> int:
+        return self.submit([self._marker_piece(txn_id, kind, value)])
+
+    def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
         import time
-        piece = Piece([time.time_ns() // 1000], [None], [value], [int(kind)], None,
-                      len(value) + 24, txn_id)
-        return self.submit([piece])
+        return Piece([time.time_ns() // 1000], [None], [value], [int(kind)], None,
+                     len(value) + 24, txn_id)
 
     def txn_state(self, txn_id: int):
         found = self.index.txn_state(txn_id)
@@ -328,8 +331,13 @@ class Partition:
         fileio_module.write_file_atomic(self.fileio, os.path.join(self.directory, INTENT_NAME),
                                         json.dumps(intent).encode())
         self._apply_intent(intent)
-        self.index.sync()  # the index runs without sync; make this change stick
+        self.truncations.append(self.next_offset)
         self.ring.reset(self.next_offset)
+        # A transaction whose commit marker was cut off is not committed any more.
+        for txn_id in self.index.reopened_txns:
+            self.appender.write_from_job([self._marker_piece(txn_id, RecordKind.ABORT, b"")])
+        self.index.reopened_txns = []
+        self.index.sync()  # the index runs without sync; make this change stick
         return self.next_offset
 
     def _prefix_frame(self, entry: IndexEntry, keep: int) -> bytes:
@@ -369,6 +377,7 @@ class Partition:
         else:
             self.index.drop_from(intent["drop_from"])
             self._reindex_tail(segment, position)
+        self.index.sync()  # before the intent goes: a surviving intent covers the index
         self.fileio.unlink(os.path.join(self.directory, INTENT_NAME))
         self.fileio.fsync_dir(self.directory)
 
@@ -391,12 +400,21 @@ class Partition:
         self.active_position = segment.size_bytes
         self.index.set_recovery_point(self._point())
 
-    def _respect_intent(self) -> None:
-        """Read-only: a truncate that a writer has not finished still hides its records."""
+    def _view_intent(self) -> None:
+        """Read-only: show an unfinished truncate as finished, without touching a file:
+        later segments are left out, and the cut segment is seen through a patch that
+        ends with the intent's prefix frame."""
         path = os.path.join(self.directory, INTENT_NAME)
-        if self.fileio.exists(path):
-            intent = json.loads(fileio_module.read_file(self.fileio, path))
-            self.next_offset = min(self.next_offset, intent["new_end"])
+        if not self.fileio.exists(path):
+            return
+        intent = json.loads(fileio_module.read_file(self.fileio, path))
+        keep = [s for s in self.segments if s.base_offset <= intent["segment_base"]]
+        for segment in self.segments[len(keep):]:
+            segment.close()
+        keep[-1] = PatchedSegment(keep[-1], intent["position"],
+                                  bytes.fromhex(intent["prefix"]))
+        self.segments = keep
+        self.index.drop_from(intent["drop_from"])
 
     def _finish_intent(self) -> None:
         path = os.path.join(self.directory, INTENT_NAME)
@@ -460,6 +478,31 @@ class Partition:
 
     def size_bytes(self) -> int:
         return sum(s.size_bytes for s in self.segments)
+
+
+class PatchedSegment:
+    """A read-only view of a segment whose bytes from `position` on are `tail`."""
+
+    def __init__(self, segment: Segment, position: int, tail: bytes) -> None:
+        self.segment = segment
+        self.base_offset = segment.base_offset
+        self.path = segment.path
+        self.position = min(position, segment.size_bytes)
+        self.tail = tail
+        self.size_bytes = self.position + len(tail)
+        self.created_monotonic = segment.created_monotonic
+        self.closed = False
+
+    def read(self, position: int, size: int) -> bytes:
+        head = b""
+        if position < self.position:
+            head = self.segment.read(position, min(size, self.position - position))
+        start = max(position - self.position, 0)
+        return head + self.tail[start:start + size - len(head)]
+
+    def close(self) -> None:
+        self.closed = True
+        self.segment.close()
 
 
 def _frame_bytes(data: bytes) -> int:

@@ -19,10 +19,11 @@ retention until closed.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import numpy as np
 
-from .errors import LogClosed
+from .errors import LogClosed, OffsetOutOfRange
 from .index import NO_HWM
 from .payload import Columns, columns_to_records, decode_columns, running_max
 from .records import RecordKind
@@ -34,6 +35,7 @@ _WAIT = object()
 
 class Reader:
     def __init__(self, partition, *, start_offset: int, stop_offset: int | None = None,
+                 start_timestamp_us: int | None = None,
                  stop_timestamp_us: int | None = None, follow: bool = False,
                  data_only: bool = True, read_committed: bool = True,
                  stream: str | None = None) -> None:
@@ -43,6 +45,10 @@ class Reader:
         self.next_offset = start_offset
         self.stop_offset = stop_offset
         self.stop_timestamp_us = stop_timestamp_us
+        # Still to be reached by the high-water mark (a follower that started at the end
+        # skips records whose running max is below it); None once reached.
+        self.start_timestamp_us = start_timestamp_us
+        self._truncations_seen = len(partition.truncations)
         self.follow = follow
         self.data_only = data_only
         self.read_committed = read_committed
@@ -53,6 +59,8 @@ class Reader:
         self._hwm: int | None = None
         self._hwm_known = False
         partition.hold(self._token, start_offset)
+        # An abandoned reader must not hold retention back forever.
+        weakref.finalize(self, partition.release, self._token)
 
     # -- public iteration -----------------------------------------------------------
 
@@ -119,8 +127,25 @@ class Reader:
 
     def _slices(self):
         """Yield (columns, lo, hi) slices, or _WAIT when following at the end."""
+        # A generator dropped half-way does not close the reader (it may be iterated
+        # again); the Reader's finalizer releases the hold once it is garbage.
+        yield from self._slices_loop()
+        self.close()
+
+    def _check_truncated(self) -> None:
+        partition = self.partition
+        if len(partition.truncations) == self._truncations_seen:
+            return
+        cut = min(partition.truncations[self._truncations_seen:])
+        self._truncations_seen = len(partition.truncations)
+        if self.next_offset > cut:
+            raise OffsetOutOfRange(f"{partition.name} was truncated to end at offset {cut}, "
+                                   f"before this reader's position {self.next_offset}")
+
+    def _slices_loop(self):
         partition = self.partition
         while not self.done:
+            self._check_truncated()
             if self.stop_offset is not None and self.next_offset >= self.stop_offset:
                 break
             if self.next_offset >= partition.next_offset:
@@ -147,7 +172,6 @@ class Reader:
                 if self.done or self._blocked_at is not None or partition.ring.find(
                         self.next_offset) is not None:
                     break
-        self.close()
 
     def _visible(self, columns: Columns, hwm_before):
         """Apply read_committed to a batch: emit it, skip it (aborted), or stop before
@@ -172,16 +196,23 @@ class Reader:
     def _emit(self, columns: Columns, hwm_before):
         base = columns.base_offset
         lo = self.next_offset - base
-        hi = len(columns)
+        hi = min(len(columns), self.partition.next_offset - base)
         if self.stop_offset is not None:
             hi = min(hi, self.stop_offset - base)
-        if self.stop_timestamp_us is not None:
+        if self.stop_timestamp_us is not None or self.start_timestamp_us is not None:
             prior = self._prior_hwm(columns, hwm_before)
             hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
             self._hwm, self._hwm_known = int(hwm[-1]), True
-            cut = int(np.searchsorted(hwm, self.stop_timestamp_us, side="left"))
-            if cut < hi:
-                hi, self.done = max(cut, lo), True
+            if self.start_timestamp_us is not None:
+                reached = int(np.searchsorted(hwm, self.start_timestamp_us, side="left"))
+                if reached >= hi:
+                    self.next_offset = base + hi  # nothing here reaches the start yet
+                    return
+                lo, self.start_timestamp_us = max(lo, reached), None
+            if self.stop_timestamp_us is not None:
+                cut = int(np.searchsorted(hwm, self.stop_timestamp_us, side="left"))
+                if cut < hi:
+                    hi, self.done = max(cut, lo), True
         if hi > lo:
             self.next_offset = base + hi
             self.partition.hold(self._token, self.next_offset)

@@ -24,7 +24,7 @@ import logging
 import time
 
 from .errors import CorruptFrame, CorruptSegment
-from .frame import INCOMPLETE, decode_frame
+from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, frame_size_hint
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .scan import StopReason, TailState, resync, scan_buffer
 from .payload import decode_columns
@@ -84,9 +84,15 @@ def recover(segments: list[Segment], index: Index, *, writable: bool, chunk_byte
     if not report.rebuilt_index:
         index.drop_from(start.next_offset)
         try:
-            _check_last_durable(segments, index, start)
+            fits = _check_last_durable(segments, index, start)
         except CorruptSegment as error:
             return state, _corrupt(report, error, writable, started)
+        if not fits:
+            log.warning("index of %s disagrees with a valid frame: rebuilding",
+                        segments[0].path)
+            index.clear()
+            report.rebuilt_index = True
+            state = ScanState(segments[0].base_offset, None, 0, 0)
     for number in range(state.end_segment, len(segments)):
         segment = segments[number]
         if segment.base_offset != state.next_offset and number != state.end_segment:
@@ -142,22 +148,28 @@ def _start_point(segments, index: Index, report: RecoveryReport) -> RecoveryPoin
     return RecoveryPoint(segments[0].base_offset, 0, segments[0].base_offset, NO_HWM)
 
 
-def _check_last_durable(segments, index: Index, point: RecoveryPoint) -> None:
-    """An acknowledged frame is never 'torn': re-verify the last one before the point."""
+def _check_last_durable(segments, index: Index, point: RecoveryPoint) -> bool:
+    """An acknowledged frame is never 'torn': re-verify the last one before the point.
+    Returns False when a valid frame there disagrees with the index (a stale cache, e.g.
+    rolled back past a rewrite); raises CorruptSegment when the bytes are damaged."""
     entry = index.last_entry
     if entry is None or entry.next_offset != point.next_offset:
-        return
+        return True
     segment = next((s for s in segments if s.base_offset == entry.segment_base), None)
     if segment is None:
-        return
-    data = segment.read(entry.position, entry.frame_bytes)
+        return False
+    head = segment.read(entry.position, HEADER_BYTES)
+    size = frame_size_hint(head, 0) or entry.frame_bytes
+    data = segment.read(entry.position, size)
     try:
         frame = decode_frame(data, 0)
     except CorruptFrame as error:
         raise CorruptSegment(segment.path, entry.position,
                              f"durable frame damaged: {error.reason}") from None
-    if frame is INCOMPLETE or frame.base_offset != entry.base_offset:
-        raise CorruptSegment(segment.path, entry.position, "durable frame missing")
+    if frame is INCOMPLETE:
+        raise CorruptSegment(segment.path, entry.position, "durable frame cut short")
+    return (frame.base_offset == entry.base_offset and frame.record_count ==
+            entry.record_count and frame.size == entry.frame_bytes)
 
 
 def _scan_segment(segment: Segment, position: int, state: ScanState, index: Index,
@@ -209,7 +221,6 @@ def txn_events(frame) -> list:
 
 
 def _needed(data: bytes, chunk_bytes: int) -> int:
-    from .frame import frame_size_hint
     hint = frame_size_hint(data, 0)
     return max(hint or 0, chunk_bytes)
 

@@ -64,7 +64,10 @@ class TailRing:
         self.changed.notify_all()
         waiters, self._async_waiters = self._async_waiters, []
         for loop, future in waiters:
-            loop.call_soon_threadsafe(_resolve, future)
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # that follower's event loop is closed: nobody waits
+                pass
 
     def find(self, offset: int):
         """(base, columns, hwm_before) of the ring batch holding `offset`, or None."""
@@ -93,8 +96,14 @@ class TailRing:
             if self.end_offset > offset or self.closed:
                 return
             future = loop.create_future()
-            self._async_waiters.append((loop, future))
-        await future
+            entry = (loop, future)
+            self._async_waiters.append(entry)
+        try:
+            await future
+        finally:
+            with self._lock:
+                if entry in self._async_waiters:
+                    self._async_waiters.remove(entry)
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -44,7 +44,8 @@ def decode_commit(value: bytes) -> tuple[str, bytes]:
 
 
 def frame_events(txn_id: int, base_offset: int, kinds, values) -> list[tuple]:
-    """Transaction events of one frame: [(txn_id, state, first_offset, tag, marker)].
+    """Transaction events of one frame: [(txn_id, state, offset, tag, marker)], where
+    offset is the first data record's for OPEN and the marker's own for the others.
 
     `kinds` is None for an all-data frame; `values(i)` returns record i's value.
     """
@@ -56,7 +57,7 @@ def frame_events(txn_id: int, base_offset: int, kinds, values) -> list[tuple]:
     for i, kind in enumerate(kinds):
         if kind == RecordKind.COMMIT:
             tag, marker = decode_commit(values(i))
-            events.append((txn_id, TxnState.COMMITTED, base_offset, tag, marker))
+            events.append((txn_id, TxnState.COMMITTED, base_offset + i, tag, marker))
         elif kind == RecordKind.ABORT:
-            events.append((txn_id, TxnState.ABORTED, base_offset, None, None))
+            events.append((txn_id, TxnState.ABORTED, base_offset + i, None, None))
     return events
