@@ -35,6 +35,7 @@ import re
 import sys
 import time
 
+from .config import LogConfig
 from . import layout
 from .errors import (CorruptFrame, CorruptionError, InvalidArgument, OffsetOutOfRange,
                      ReadOnlyLog, StreamLogError, UnknownStream)
@@ -165,7 +166,8 @@ def _subparser(subparsers, name: str, summary: str, epilog: str) -> argparse.Arg
     parser = subparsers.add_parser(name, help=summary, description=summary, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", metavar="LOG",
-                        help="the log directory (streamlog://HOST:PORT needs the daemon client)")
+                        help="the log directory, or a daemon URL streamlog://HOST:PORT "
+                             "(token from STREAMLOG_TOKEN)")
     return parser
 
 
@@ -321,8 +323,13 @@ def _add_verify(subparsers) -> None:
     parser.set_defaults(run=_run_verify)
 
 
+def _add_serve(subparsers) -> None:
+    from .wire.serve_cli import add_serve_parser, run_serve
+    add_serve_parser(subparsers).set_defaults(run=run_serve)
+
+
 # A new subcommand is one more `_add_NAME(subparsers)` here.
-COMMANDS = (_add_append, _add_read, _add_info, _add_dump, _add_verify)
+COMMANDS = (_add_append, _add_read, _add_info, _add_dump, _add_verify, _add_serve)
 
 
 _MAIN_EPILOG = """\
@@ -348,13 +355,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- shared by the commands ------------------------------------------------------------
 
-def _local_path(log: str) -> str:
-    if log.startswith(DAEMON_SCHEME):
-        raise UsageError("streamlog:// URLs need the daemon client")
+def _is_url(log: str) -> bool:
+    return log.startswith((DAEMON_SCHEME, "streamlog+tls://"))
+
+
+def _local_path(log: str, command: str = "this command") -> str:
+    if _is_url(log):
+        raise UsageError(f"{command} reads segment files directly: run it on the daemon's "
+                         f"machine with the log directory")
     return log
 
 
 def _existing_log(log: str) -> str:
+    if _is_url(log):
+        return log
     path = _local_path(log)
     if not os.path.isdir(path):
         raise UsageError(f"no log at {path}")
@@ -407,8 +421,8 @@ _APPEND_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "timestamp",
 
 
 def _run_append(args) -> int:
-    path = _local_path(args.log)
-    if os.path.isdir(path) and not _has_marker(path) and any(
+    path = args.log
+    if not _is_url(path) and os.path.isdir(path) and not _has_marker(path) and any(
             name != "LOCK" for name in os.listdir(path)):
         raise UsageError(f"{path} is not empty and not a streamlog log; "
                          f"refusing to write into it")
@@ -462,7 +476,10 @@ class _Batcher:
 
     def __init__(self, log, stream: str, partition_count: int) -> None:
         self.log, self.stream, self.partition_count = log, stream, partition_count
-        self.record_bytes_max = log.config.record_bytes_max
+        # A daemon enforces its own limit (and says so per record); locally, ours.
+        config = getattr(log, "config", None)
+        self.record_bytes_max = (config.record_bytes_max if config is not None
+                                 else LogConfig().record_bytes_max)
         self.ranges: dict[int, tuple[int, int]] = {}
         self.records = 0
         self._next_robin = 0
@@ -713,7 +730,7 @@ def _check_corruption(log, stream: str, partitions: list[int]) -> None:
     """A read-only open stops before corruption instead of raising: say so, exit 1."""
     described = log.info()["streams"][stream]["partitions"]
     for partition in partitions:
-        corruption = described[partition]["recovery"]["corruption"]
+        corruption = described[partition].get("recovery", {}).get("corruption")
         if corruption:
             raise DataError(f"{corruption}; records after it are not shown "
                             f"(run 'streamlog verify')")
@@ -948,7 +965,7 @@ _CODECS = {0: "none", 1: "zstd"}
 
 
 def _run_dump(args) -> int:
-    path = _existing_log(args.log)
+    path = _existing_log(_local_path(args.log, "dump"))
     out = sys.stdout.buffer
     for stream, partition, segments in log_segments(path, args.stream, args.partition):
         for segment in segments:
@@ -1047,7 +1064,7 @@ class VerifyCounts:
 
 
 def _run_verify(args) -> int:
-    path = _existing_log(args.log)
+    path = _existing_log(_local_path(args.log, "verify"))
     plan = list(log_segments(path))
     counts = VerifyCounts()
     progress = Progress("verify", sum(s.size_bytes for _, _, ss in plan for s in ss), "bytes")
@@ -1132,8 +1149,11 @@ def _configure_logging(show_warnings: bool) -> None:
 
 
 def _exit_code(error: BaseException) -> int:
+    from .wire.protocol import DaemonError, ProtocolError
     if isinstance(error, CliError):
         return error.code
+    if isinstance(error, (DaemonError, ProtocolError)):
+        return EXIT_DAEMON
     if isinstance(error, CorruptionError):
         return EXIT_DATA
     if isinstance(error, (InvalidArgument, UnknownStream, OffsetOutOfRange, ReadOnlyLog)):

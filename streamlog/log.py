@@ -38,7 +38,8 @@ _BYTES = (bytes, bytearray, memoryview)
 
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
              config: LogConfig | None = None, fileio=None, progress=None, **options) -> "Log":
-    """Open (and by default create) the log at directory `path`.
+    """Open (and by default create) the log at directory `path`, or connect to the
+    daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN).
 
     Args:
         fsync: "always" | "interval" | "never" (see FsyncPolicy).
@@ -53,6 +54,9 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     """
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgument(f"path must be a str or os.PathLike (got {type(path).__name__})")
+    if isinstance(path, str) and path.startswith(("streamlog://", "streamlog+tls://")):
+        from .wire.client import open_remote  # the daemon: same API over the network
+        return open_remote(path, readonly=readonly, **options)
     base = config or LogConfig()
     unknown = set(options) - set(LogConfig.__dataclass_fields__)
     if unknown:

@@ -141,7 +141,8 @@ def _split_columns(buf: memoryview, frame: Frame) -> Columns:
     if frame.has_control:
         kinds = np.frombuffer(buf, "u1", n, position)
         position += n
-    if (value_lengths < 0).any() or (key_lengths < -1).any():
+    if (value_lengths < 0).any() or (key_lengths < -1).any() or (
+            header_lengths is not None and (header_lengths < 0).any()):
         raise CorruptFrame("negative length in payload", frame.position)
     keys_total = int(np.maximum(key_lengths, 0).sum())
     values_total = int(value_lengths.sum())

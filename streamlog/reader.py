@@ -31,6 +31,7 @@ from .txn import TxnState
 
 _tokens = itertools.count(1)
 _WAIT = object()
+WAIT = _WAIT
 
 
 class Reader:
@@ -103,6 +104,15 @@ class Reader:
         self.close()
 
     # -- the loop -------------------------------------------------------------------
+
+    def slices(self):
+        """The raw loop for servers that ship columns as they are: yields (columns, lo,
+        hi) row ranges, or the WAIT sentinel when following at the end (then await
+        `partition.ring.wait_async(reader.wait_offset())`)."""
+        return self._slices()
+
+    def wait_offset(self) -> int:
+        return self._wait_offset()
 
     def _wait_offset(self) -> int:
         return self.next_offset if self._blocked_at is None else self._blocked_at

@@ -24,7 +24,8 @@ from streamlog.cli import parse_append_line, parse_timestamp, walk_segment
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = {**{k: v for k, v in os.environ.items() if k != "STREAMLOG_TOKEN"},
+       "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 US_2024 = 1704067200000000  # 2024-01-01T00:00:00Z in microseconds
 
 
@@ -234,9 +235,12 @@ def test_read_usage_errors(log_dir, tmp_path):
                           2, "soon")
     assert_one_line_error(cli("read", log_dir, "--stream", "s", "--partition", "0",
                               "--from-offset", "5"), 2, "past the end")
+    # A daemon URL without a token: refused before connecting, exit 3, nothing on stdout.
     daemon = cli("read", "streamlog://127.0.0.1:7541", "--stream", "s")
-    assert_one_line_error(daemon, 2, "streamlog:// URLs need the daemon client")
+    assert_one_line_error(daemon, 3, "STREAMLOG_TOKEN")
     assert daemon.stdout == ""
+    assert_one_line_error(cli("verify", "streamlog://127.0.0.1:7541"), 2,
+                          "segment files directly")
     assert_one_line_error(cli("info", tmp_path), 2, "not a streamlog log")
 
 

@@ -1,0 +1,906 @@
+"""The daemon over loopback (DESIGN 9, issue 5).
+
+Two ways to run it: `daemon` runs a LogServer on an event loop in a thread of this
+process (fast, and its config can be tightened to make limits bite); `DaemonProcess`
+runs `streamlog serve` as a child process for what needs a real process: SIGKILL under
+load, SIGTERM drain, the exit codes. `RawClient` speaks the protocol over a plain
+socket to send what no well-behaved client would (garbage, oversize frames, half a
+frame, appends it never reads the answers to).
+
+Covered: append / replay / tail round trips (sync, async, Arrow, timestamps, headers,
+transactions, truncation, info, the error classes), pipelining, many concurrent
+clients, a wrong or missing token, malformed and oversize frames, half-open and silent
+connections, the connection limit, back-pressure on a slow tailer and a fast producer,
+TLS, /healthz and /metrics, no acknowledged record lost when the daemon is SIGKILLed
+under load, and SIGTERM's drain; plus the sans-I/O protocol fed whole, byte by byte and
+with garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+import streamlog
+from streamlog.wire import protocol as p
+from streamlog.wire.client import open_remote, parse_url
+from streamlog.wire.server import (READ_CHUNK_BYTES, LogServer, Metrics, ServerConfig,
+                                   TimedFileIO)
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "daemon-test-token"
+SERVE = "from streamlog.wire.serve_cli import main; main()"
+
+
+# -- harness ---------------------------------------------------------------------------
+
+class ThreadedDaemon:
+    """A LogServer on its own event loop thread, over a log opened in this process."""
+
+    def __init__(self, path: str, **config) -> None:
+        self.metrics = Metrics()
+        self.log = streamlog.open_log(path, fsync="always",
+                                      fileio=TimedFileIO(self.metrics.fsync_seconds))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        options = dict(token=TOKEN.encode(), port=0, metrics_port=0)
+        options.update(config)
+        self.server = LogServer(self.log, ServerConfig(**options), self.metrics)
+        self.run(self.server.start())
+        self.url = f"streamlog://127.0.0.1:{self.server.port}"
+        self.stopped = False
+
+    def run(self, coroutine, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def connect(self, **options):
+        return open_remote(self.url, TOKEN, **options)
+
+    def http(self, path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.server.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    def metric(self, name: str) -> float:
+        for line in self.http("/metrics")[1].splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.run(self.server.drain())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    started: list[ThreadedDaemon] = []
+
+    def start(name: str = "log", **config) -> ThreadedDaemon:
+        daemon = ThreadedDaemon(str(tmp_path / name), **config)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory) -> ThreadedDaemon:
+    return daemon_factory()
+
+
+@pytest.fixture
+def remote(daemon):
+    log = daemon.connect()
+    yield log
+    log.close()
+
+
+class RawClient:
+    """The protocol over a plain blocking socket, for misbehaving on purpose."""
+
+    def __init__(self, port: int, *, hello: bool = True, token: str = TOKEN) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.conn = p.Connection(p.Role.CLIENT)
+        if hello:
+            self.send(p.Hello(0, p.WIRE_VERSION, token.encode(), "raw"))
+            reply = self.receive()
+            assert isinstance(reply, p.HelloOk), reply
+
+    def send(self, message: p.Message) -> None:
+        self.sock.sendall(self.conn.send(message))
+
+    def receive(self, timeout: float = 10.0):
+        """The next message, or p.CLOSED when the daemon closed the connection."""
+        self.sock.settimeout(timeout)
+        while True:
+            event = self.conn.next_event()
+            if event is not p.NEED_DATA:
+                return event
+            try:
+                data = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                data = b""
+            self.conn.receive_data(data)
+
+    def closed_within(self, seconds: float) -> bool:
+        """True if the daemon closes the connection within `seconds` (data before the
+        close is read and dropped)."""
+        deadline = time.monotonic() + seconds
+        self.sock.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                if not self.sock.recv(1 << 16):
+                    return True
+            except socket.timeout:
+                continue
+            except ConnectionResetError:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def append_message(request_id: int, stream: str, values, partition: int = 0) -> p.Append:
+    payload, flags = p.encode_records([0] * len(values), [None] * len(values), values)
+    return p.Append(request_id, stream, partition, 0, 0, len(values), flags, payload)
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def events(caplog, name: str) -> list:
+    return [r for r in caplog.records if r.getMessage() == name]
+
+
+# -- round trips -----------------------------------------------------------------------
+
+def test_append_and_replay_round_trip_sync(remote):
+    assert remote.create_stream("events", partitions=2) == 2
+    assert remote.create_stream("events", partitions=2) == 2  # a no-op, as locally
+    assert remote.streams() == ["events"] and remote.partition_count("events") == 2
+    values = [f"value-{i}".encode() for i in range(500)]
+    keys = [f"key-{i % 7}".encode() if i % 3 else None for i in range(500)]
+    stamps = [1_700_000_000_000_000 + i * 10 for i in range(500)]
+    result = remote.append_batch_sync("events", values, keys=keys, timestamps_us=stamps)
+    assert result.records == 500
+    for number in range(2):
+        records = list(remote.reader("events", number))
+        assert remote.end_offset("events", number) == len(records)
+        assert [r.offset for r in records] == list(range(len(records)))
+        if records:
+            assert result.ranges[number] == (0, len(records) - 1)
+    got = {r.value: r for n in range(2) for r in remote.reader("events", n).records()}
+    assert set(got) == set(values)
+    for i, value in enumerate(values):
+        assert got[value].key == keys[i] and got[value].timestamp_us == stamps[i]
+        if keys[i] is not None:  # a key picks its partition by the same stable hash
+            assert got[value].partition == streamlog.partition_for_key(keys[i], 2)
+
+
+def test_single_appends_headers_and_daemon_time(remote):
+    remote.create_stream("s")
+    before = time.time_ns() // 1000
+    position = remote.append_sync("s", b"one", key=b"k", headers={"trace": b"abc"})
+    after = time.time_ns() // 1000
+    assert position == streamlog.RecordPosition(0, 0)
+    (record,) = list(remote.reader("s", 0))
+    assert record.headers == (("trace", b"abc"),) and record.key == b"k"
+    assert before - 5_000_000 <= record.timestamp_us <= after + 5_000_000  # daemon's clock
+    batch, = list(remote.reader("s", 0).arrow(include_headers=True))
+    assert batch.column("value").to_pylist() == [b"one"]
+    assert batch.column("headers").to_pylist() == [[{"key": "trace", "value": b"abc"}]]
+    remote.append_batch_sync("s", [b"two", b"three"])  # no headers: the columnar path
+    later = time.time_ns() // 1000
+    _, two, three = list(remote.reader("s", 0))
+    assert (two.value, three.value, two.offset) == (b"two", b"three", 1)
+    assert after - 5_000_000 <= two.timestamp_us == three.timestamp_us <= later + 5_000_000
+
+
+def test_async_api_tail_and_timestamp_replay(remote):
+    remote.create_stream("clicks")
+
+    async def main():
+        positions = await asyncio.gather(*(
+            remote.append("clicks", f"c{i}".encode(), timestamp_us=1000 + (i * 7) % 50,
+                          partition=0) for i in range(50)))
+        assert sorted(pos.offset for pos in positions) == list(range(50))
+        got = []
+        reader = remote.reader("clicks", 0, from_offset=45, follow=True)
+
+        async def follow():
+            async for record in reader:
+                got.append(record)
+                if len(got) == 10:
+                    return
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)
+        await remote.append_batch("clicks", [f"late{i}".encode() for i in range(5)],
+                                  timestamps_us=[2000 + i for i in range(5)])
+        await asyncio.wait_for(task, 10)
+        reader.close()
+        return got
+
+    got = asyncio.run(main())
+    stored = list(remote.reader("clicks", 0))
+    assert [r.offset for r in got] == list(range(45, 55))
+    assert got == stored[45:55]
+    assert [r.value for r in got[5:]] == [f"late{i}".encode() for i in range(5)]
+    # the high-water-mark rule, served remotely: from is inclusive, to exclusive
+    hwm, running = [], None
+    for record in stored:
+        running = record.timestamp_us if running is None else max(running, record.timestamp_us)
+        hwm.append(running)
+    start = next(i for i, h in enumerate(hwm) if h >= 1010)
+    end = next(i for i, h in enumerate(hwm) if h >= 1030)
+    window = list(remote.reader("clicks", 0, from_timestamp_us=1010, to_timestamp_us=1030))
+    assert window == stored[start:end] and window
+    assert remote.offset_for_timestamp("clicks", 0, 1010) == start
+
+
+def test_follow_reader_sees_appends_from_another_client(daemon):
+    producer, consumer = daemon.connect(), daemon.connect()
+    try:
+        producer.create_stream("live")
+        reader = consumer.reader("live", 0, follow=True)
+        got = []
+
+        def consume():
+            for record in reader:
+                got.append(record.value)
+                if len(got) == 300:
+                    break
+
+        thread = threading.Thread(target=consume)
+        thread.start()
+        for start in range(0, 300, 30):
+            producer.append_batch_sync("live", [b"x%d" % i for i in range(start, start + 30)])
+        thread.join(10)
+        assert got == [b"x%d" % i for i in range(300)]
+        assert daemon.metric("streamlog_tailers") == 1
+        reader.close()
+        wait_until(lambda: daemon.metric("streamlog_tailers") == 0, what="tailer released")
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_transactions_truncate_and_info(remote):
+    remote.create_stream("tx")
+    txn = remote.new_txn_id()
+    remote.append_batch_sync("tx", [b"a", b"b"], txn_id=txn, partition=0)
+    assert list(remote.reader("tx", 0)) == []  # read_committed: not yet visible
+    assert len(list(remote.reader("tx", 0, read_committed=False))) == 2
+    commit_offset = remote.commit_txn("tx", 0, txn, tag="query-1", marker=b"batch-7")
+    assert commit_offset == 2
+    assert [r.value for r in remote.reader("tx", 0)] == [b"a", b"b"]
+    assert len(list(remote.reader("tx", 0, data_only=False))) == 3  # the marker too
+    assert remote.last_commit("tx", 0, "query-1") == b"batch-7"
+    assert remote.last_commit("tx", 0, "nobody") is None
+    assert remote.txn_state("tx", 0, txn).name == "COMMITTED"
+    aborted = remote.new_txn_id()
+    remote.append_batch_sync("tx", [b"gone"], txn_id=aborted, partition=0)
+    remote.abort_txn("tx", 0, aborted)
+    remote.append_batch_sync("tx", [b"c", b"d"], partition=0)
+    assert [r.value for r in remote.reader("tx", 0)] == [b"a", b"b", b"c", b"d"]
+    assert remote.truncate_after("tx", 0, 5) == 6
+    assert [r.value for r in remote.reader("tx", 0)] == [b"a", b"b", b"c"]
+    info = remote.info()
+    assert info["streams"]["tx"]["partitions"][0]["end_offset"] == 6
+    assert remote.start_offset("tx", 0) == 0
+
+
+def test_errors_arrive_as_the_local_exceptions(remote):
+    remote.create_stream("e")
+    with pytest.raises(streamlog.UnknownStream):
+        remote.append_sync("missing", b"x")
+    with pytest.raises(streamlog.UnknownStream):
+        remote.reader("missing", 0)
+    with pytest.raises(streamlog.OffsetOutOfRange):
+        remote.reader("e", 0, from_offset=5)
+    with pytest.raises(streamlog.InvalidArgument):
+        remote.reader("e", 3)
+    with pytest.raises(streamlog.InvalidAppend):
+        remote.append_batch_sync("e", ["text, not bytes"])
+    with pytest.raises(streamlog.InvalidAppend):
+        remote.append_batch_sync("e", [b"x" * (9 * 1024 * 1024)])  # record_bytes_max
+    with pytest.raises(streamlog.InvalidArgument):
+        remote.create_stream("e", partitions=3)
+    with pytest.raises(streamlog.InvalidArgument):
+        remote.commit_txn("e", 0, 12345)  # no such open transaction
+    assert remote.append_sync("e", b"still fine").offset == 0  # the connection survived
+
+
+def test_batch_over_the_frame_limit_is_split_and_lands_whole(daemon_factory):
+    daemon = daemon_factory(frame_bytes_max=256 * 1024)
+    with daemon.connect() as log:
+        log.create_stream("big")
+        values = [bytes([i % 251]) * 1000 for i in range(1000)]  # ~1 MB, 4+ frames
+        result = log.append_batch_sync("big", values)
+        assert result.records == 1000 and result.ranges == {0: (0, 999)}
+        assert [r.value for r in log.reader("big", 0)] == values
+
+
+def test_pipelined_requests_are_answered_and_land_in_order(daemon):
+    with daemon.connect() as log:
+        log.create_stream("pipe")
+    raw = RawClient(daemon.server.port)
+    burst = b"".join(raw.conn.send(append_message(rid, "pipe", [b"r%d" % rid]))
+                     for rid in range(1, 101))
+    raw.sock.sendall(burst + raw.conn.send(p.Offsets(101, "pipe", 0)))
+    replies = {}
+    while len(replies) < 101:
+        message = raw.receive()
+        replies[message.request_id] = message
+    raw.close()
+    offsets = [p.ranges_of(replies[rid])[0][0] for rid in range(1, 101)]
+    assert offsets == list(range(100))  # sent in order, landed in order
+    assert isinstance(replies[101], p.ResultOffsets)
+    with daemon.connect() as log:
+        assert [r.value for r in log.reader("pipe", 0)] == [b"r%d" % i for i in range(1, 101)]
+
+
+def test_many_concurrent_clients(daemon):
+    with daemon.connect() as admin:
+        admin.create_stream("many", partitions=3)
+    clients, per_client, errors = 16, 40, []
+    acked: dict[int, list] = {}
+
+    def work(number: int) -> None:
+        try:
+            with daemon.connect(client_name=f"c{number}") as log:
+                for i in range(per_client):
+                    value = f"{number}:{i}".encode()
+                    position = log.append_sync("many", value, key=str(number).encode())
+                    acked.setdefault(number, []).append((position, value))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    with daemon.connect() as log:
+        stored = {(r.partition, r.offset): r.value for n in range(3)
+                  for r in log.reader("many", n)}
+    assert len(stored) == clients * per_client
+    for number, items in acked.items():
+        assert [v for _, v in items] == [f"{number}:{i}".encode() for i in range(per_client)]
+        for position, value in items:
+            assert stored[(position.partition, position.offset)] == value
+        partitions = {pos.partition for pos, _ in items}
+        assert len(partitions) == 1  # one key, one partition
+        offsets = [pos.offset for pos, _ in items]
+        assert offsets == sorted(offsets)  # one client's appends land in call order
+
+
+# -- security and garbage --------------------------------------------------------------
+
+def test_wrong_or_missing_token_is_refused(daemon, caplog, monkeypatch):
+    with pytest.raises(p.AuthenticationFailed):
+        open_remote(daemon.url, "not-the-token")
+    monkeypatch.delenv("STREAMLOG_TOKEN", raising=False)
+    with pytest.raises(p.AuthenticationFailed):
+        open_remote(daemon.url)
+    monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
+    with open_remote(daemon.url) as log:  # the environment's token
+        log.create_stream("ok")
+    wait_until(lambda: daemon.metric("streamlog_auth_failures_total") == 1, what="metric")
+    assert any("wrong token" in r.fields["reason"] for r in events(caplog, "protocol_error"))
+
+
+def test_requests_before_hello_are_refused(daemon):
+    raw = RawClient(daemon.server.port, hello=False)
+    raw.sock.sendall(p.encode_message(p.Streams(1)))
+    reply = raw.receive()
+    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.UNAUTHENTICATED
+    assert raw.closed_within(5)
+
+
+def _with_bad_headers() -> bytes:
+    payload, flags = p.encode_records([1], [None], [b"v"], None, [(("a", b"b"),)])
+    frame = p.encode_message(p.Append(1, "g", 0, 0, 1, 1, flags, payload))
+    return frame[:-10] + b"\xff\xff" + frame[-8:]  # the header count, now 65535
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a length of ~1.2 GB: over the limit
+    struct.pack(">IBI", 5, 250, 1),  # unknown message type
+    struct.pack(">IBI", 3, 1, 1),  # impossible length
+    struct.pack(">IBI", 9, p.MessageType.OFFSETS, 1) + b"\x00\x10ab",  # body too short
+    p.encode_message(p.Ping(1)) + b"\xff" * 3 + struct.pack(">IBI", 6, 2, 2) + b"x",
+    p.encode_message(p.Hello(7, p.WIRE_VERSION, TOKEN.encode(), "again")),  # second HELLO
+    p.encode_message(p.ReadEnd(1, 5)),  # a server's message, from a client
+    _with_bad_headers(),  # an APPEND whose record headers do not parse
+])
+def test_garbage_disconnects_with_a_logged_reason_and_harms_nobody(daemon, caplog, garbage):
+    good = daemon.connect()
+    good.create_stream("g")
+    raw = RawClient(daemon.server.port)
+    raw.sock.sendall(garbage)
+    message = raw.receive()
+    while isinstance(message, p.Pong):  # the valid PING before the garbage is answered
+        message = raw.receive()
+    assert isinstance(message, p.Error), message
+    assert message.code in (p.ErrorCode.PROTOCOL_ERROR, p.ErrorCode.FRAME_TOO_LARGE)
+    assert raw.closed_within(5)
+    raw.close()
+    wait_until(lambda: events(caplog, "protocol_error"), what="a logged reason")
+    assert events(caplog, "protocol_error")[0].fields["reason"]
+    assert good.append_sync("g", b"unharmed").offset == 0
+    good.close()
+
+
+def test_oversize_frame_is_refused_before_its_body_is_read(daemon_factory):
+    daemon = daemon_factory(frame_bytes_max=1024 * 1024)
+    raw = RawClient(daemon.server.port)
+    raw.sock.sendall(struct.pack(">IBI", 50 * 1024 * 1024, p.MessageType.APPEND, 1))
+    reply = raw.receive()
+    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.FRAME_TOO_LARGE
+    assert raw.closed_within(5)
+    # before the HELLO, the bound is 64 KiB: no large pre-authentication buffers
+    raw = RawClient(daemon.server.port, hello=False)
+    raw.sock.sendall(struct.pack(">IBI", 200 * 1024, p.MessageType.HELLO, 0))
+    reply = raw.receive()
+    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.FRAME_TOO_LARGE
+    # a client splits its own large batches under the announced limit
+    with daemon.connect() as log:
+        log.create_stream("o")
+        assert log.append_batch_sync("o", [b"v" * 1000] * 3000).records == 3000
+
+
+def test_half_open_and_silent_connections_are_closed(daemon_factory, caplog):
+    caplog.set_level(logging.INFO, logger="streamlog")
+    daemon = daemon_factory(handshake_timeout_s=0.5, idle_timeout_s=1.0, connections_max=3)
+    silent = RawClient(daemon.server.port, hello=False)  # connects, says nothing
+    half = RawClient(daemon.server.port)
+    half.sock.sendall(p.encode_message(p.Ping(1))[:6])  # half a frame, then silence
+    assert silent.closed_within(3) and half.closed_within(4)
+    reasons = [r.fields["reason"] for r in events(caplog, "connection_closed")]
+    assert any("no HELLO" in reason for reason in reasons)
+    assert any("idle timeout" in reason for reason in reasons)
+    # a client that keeps pinging outlives the idle timeout; its slot was never lost
+    with daemon.connect() as log:
+        log.create_stream("h")
+        time.sleep(1.5)
+        assert log.append_sync("h", b"alive").offset == 0
+
+
+def test_peer_vanishing_mid_tail_releases_its_reader(daemon):
+    with daemon.connect() as log:
+        log.create_stream("t")
+        log.append_batch_sync("t", [b"x"] * 10)
+    raw = RawClient(daemon.server.port)
+    raw.send(p.Read(5, "t", 0, p.Start.OFFSET, 0, p.Stop.NONE, 0,
+                    p.READ_FOLLOW | p.READ_DATA_ONLY | p.READ_COMMITTED, 1 << 20))
+    assert isinstance(raw.receive(), p.ReadOpened)
+    assert isinstance(raw.receive(), p.Batch)
+    wait_until(lambda: daemon.metric("streamlog_tailers") == 1, what="tailer")
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    raw.close()  # a reset, no goodbye
+    wait_until(lambda: daemon.metric("streamlog_tailers") == 0, what="tailer gone")
+    partition = daemon.log.partition("t", 0)
+    wait_until(lambda: partition.min_hold() is None, what="hold released")
+
+
+def test_connection_limit(daemon_factory):
+    daemon = daemon_factory(connections_max=2)
+    first, second = daemon.connect(), daemon.connect()
+    with pytest.raises(p.DaemonUnavailable):
+        daemon.connect()
+    first.close()
+    wait_until(lambda: len(daemon.server.sessions) == 1, what="slot freed")
+    third = daemon.connect()
+    third.create_stream("ok")
+    second.close()
+    third.close()
+
+
+# -- back-pressure ---------------------------------------------------------------------
+
+def test_slow_tailer_gets_no_more_than_its_credit(daemon):
+    with daemon.connect() as log:
+        log.create_stream("slow")
+        for _ in range(20):  # ~2 MB in 20 batches of 100 KB
+            log.append_batch_sync("slow", [b"s" * 1000] * 100)
+    raw = RawClient(daemon.server.port)
+    credit = 150_000
+    raw.send(p.Read(9, "slow", 0, p.Start.LOG_START, 0, p.Stop.NONE, 0,
+                    p.READ_FOLLOW | p.READ_DATA_ONLY | p.READ_COMMITTED, credit))
+    received, batches = 0, []
+    while True:
+        try:
+            message = raw.receive(timeout=1.0)
+        except socket.timeout:
+            break
+        if isinstance(message, p.Batch):
+            batches.append(message)
+            received += len(message.payload)
+    assert isinstance(batches[0], p.Batch) and received < credit + 110_000
+    assert daemon.metric("streamlog_tail_lag_records") > 1000  # the rest waits on disk
+    raw.send(p.Credit(9, 10_000_000))  # a top-up lets the rest flow
+    total = sum(b.record_count for b in batches)
+    while total < 2000:
+        message = raw.receive()
+        if isinstance(message, p.Batch):
+            total += message.record_count
+    assert total == 2000
+    raw.send(p.Cancel(9))
+    assert isinstance(raw.receive(), p.ReadEnd)
+    raw.close()
+
+
+def test_fast_producer_is_slowed_not_dropped(daemon_factory):
+    window = 256 * 1024
+    daemon = daemon_factory(inflight_bytes_max=window, requests_inflight_max=8)
+    with daemon.connect() as log:
+        log.create_stream("fast")
+    raw = RawClient(daemon.server.port)
+    template = raw.conn.send(append_message(1, "fast", [b"f" * 1000] * 200))  # ~200 KB
+    frames = [template[:5] + struct.pack(">I", rid) + template[9:] for rid in range(1, 121)]
+    peak = {"bytes": 0, "requests": 0}
+    sampling = threading.Event()
+
+    def sample() -> None:  # what the daemon holds for this producer, every millisecond
+        while not sampling.is_set():
+            for session in list(daemon.server.sessions):
+                peak["bytes"] = max(peak["bytes"], session.inflight_bytes)
+                peak["requests"] = max(peak["requests"], len(session.tasks))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    raw.sock.setblocking(False)
+    pushed_back = 0
+    data = memoryview(b"".join(frames))  # 24 MB offered, no reply read meanwhile
+    deadline = time.monotonic() + 60
+    while data and time.monotonic() < deadline:
+        try:
+            data = data[raw.sock.send(data):]
+        except BlockingIOError:
+            pushed_back += 1
+            time.sleep(0.002)
+    sampling.set()
+    sampler.join()
+    assert not data, "the daemon stopped reading for good"
+    assert pushed_back > 0  # TCP slowed the producer down ...
+    # ... while the daemon held at most its window, plus what one socket read completes
+    assert 0 < peak["bytes"] <= window + len(template) + READ_CHUNK_BYTES
+    assert peak["requests"] <= 8
+    raw.sock.setblocking(True)
+    replies = [raw.receive(timeout=30) for _ in frames]  # and nothing was dropped
+    assert all(isinstance(reply, p.Appended) for reply in replies)
+    assert sorted(reply.request_id for reply in replies) == list(range(1, 121))
+    raw.close()
+    with daemon.connect() as log:
+        assert log.end_offset("fast", 0) == 120 * 200
+
+
+# -- TLS, metrics ----------------------------------------------------------------------
+
+@pytest.fixture
+def certificate(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls(daemon_factory, certificate):
+    cert, key = certificate
+    daemon = daemon_factory(tls_cert=cert, tls_key=key)
+    tls_url = daemon.url.replace("streamlog://", "streamlog+tls://")
+    with open_remote(tls_url, TOKEN, tls_ca=cert) as log:
+        log.create_stream("secure")
+        log.append_batch_sync("secure", [b"a", b"b"])
+        assert [r.value for r in log.reader("secure", 0)] == [b"a", b"b"]
+    with pytest.raises(p.DaemonError):  # an unverified certificate is refused
+        open_remote(tls_url, TOKEN)
+    with pytest.raises(streamlog.StreamLogError):  # plain text to a TLS port
+        open_remote(daemon.url, TOKEN, connect_timeout_s=3)
+
+
+def test_healthz_and_metrics(daemon):
+    status, body = daemon.http("/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    with daemon.connect() as log:
+        log.create_stream("m")
+        for _ in range(5):
+            log.append_batch_sync("m", [b"v" * 10] * 100)
+        list(log.reader("m", 0))
+    assert daemon.metric("streamlog_append_records_total") == 500
+    assert daemon.metric("streamlog_append_requests_total") == 5
+    assert daemon.metric("streamlog_read_records_total") == 500
+    assert daemon.metric("streamlog_fsync_seconds_count") >= 5  # one or more per append
+    assert daemon.metric("streamlog_append_ack_seconds_count") == 5
+    text = daemon.http("/metrics")[1]
+    for name in ("streamlog_appends_per_second", "streamlog_tailers",
+                 "streamlog_tail_lag_records", "streamlog_fsync_seconds_bucket"):
+        assert f"# TYPE {name.removesuffix('_bucket')}" in text
+    assert daemon.http("/nope")[0] == 404
+
+
+def test_url_parsing():
+    assert parse_url("streamlog://127.0.0.1:9000").port == 9000
+    assert parse_url("streamlog://localhost").port == 7541
+    assert parse_url("streamlog://[::1]:7000/").host == "::1"
+    assert parse_url("streamlog+tls://h:1").tls
+    for bad in ("http://h:1", "streamlog://", "streamlog://h:99999", "streamlog://h:1/x"):
+        with pytest.raises(streamlog.InvalidArgument):
+            parse_url(bad)
+    with pytest.raises(p.DaemonUnavailable):  # nothing listens there
+        open_remote(f"streamlog://127.0.0.1:{_free_port()}", TOKEN, connect_timeout_s=2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the daemon as a process -----------------------------------------------------------
+
+class DaemonProcess:
+    """`streamlog serve` in a child process; stderr (JSON lines) collected by a thread."""
+
+    def __init__(self, path: str, *extra: str) -> None:
+        env = dict(os.environ, STREAMLOG_TOKEN=TOKEN)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, path, "--port", "0", "--metrics-port", "off", *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[dict] = []
+        self._listening = threading.Event()
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+        if not self._listening.wait(30):
+            self.proc.kill()
+            raise AssertionError(f"daemon did not start: {self.lines}")
+        self.port = next(line["port"] for line in self.lines if line["event"] == "listening")
+        self.url = f"streamlog://127.0.0.1:{self.port}"
+
+    def _collect(self) -> None:
+        for line in self.proc.stderr:
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                self.lines.append({"event": "text", "text": line})
+            if self.lines[-1].get("event") == "listening":
+                self._listening.set()
+
+    def events(self) -> list[str]:
+        return [line.get("event") for line in self.lines]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def _producers(url: str, stream: str, count: int, stop: threading.Event):
+    """Threads appending unique values in batches; returns (threads, acked, failures).
+    acked[(partition, first)] = the values the daemon acknowledged at first.."""
+    acked: dict[tuple[int, int], list[bytes]] = {}
+    failures: list[BaseException] = []
+
+    def work(number: int) -> None:
+        sequence = 0
+        try:
+            with open_remote(url, TOKEN) as log:
+                while not stop.is_set():
+                    values = [f"{number}:{sequence}:{i}".encode() * 3 for i in range(25)]
+                    result = log.append_batch_sync(stream, values, partition=number % 2)
+                    (partition, (first, last)), = result.ranges.items()
+                    assert last - first + 1 == len(values)
+                    acked[(partition, first)] = values
+                    sequence += 1
+        except streamlog.StreamLogError as error:  # the daemon went away mid-append
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, acked, failures
+
+
+def _check_acked(log, stream: str, acked: dict) -> int:
+    stored = {n: [r.value for r in log.reader(stream, n)] for n in range(2)}
+    for (partition, first), values in acked.items():
+        assert stored[partition][first:first + len(values)] == values
+    everything = [v for values in stored.values() for v in values]
+    assert len(everything) == len(set(everything))  # nothing twice
+    return len(everything)
+
+
+def test_sigkill_under_load_loses_no_acknowledged_record(tmp_path):
+    path = str(tmp_path / "killed")  # does not exist: the daemon creates it
+    daemon = DaemonProcess(path)
+    try:
+        with open_remote(daemon.url, TOKEN) as admin:
+            admin.create_stream("load", partitions=2)
+        stop = threading.Event()
+        threads, acked, _ = _producers(daemon.url, "load", 4, stop)
+        wait_until(lambda: len(acked) >= 40, timeout=30, what="appends under load")
+        time.sleep(0.3)
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(10)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        assert len(acked) >= 40
+    finally:
+        daemon.kill()
+    restarted = DaemonProcess(path)  # recovery runs on open; then serve again
+    try:
+        with open_remote(restarted.url, TOKEN) as log:
+            total = _check_acked(log, "load", acked)
+            assert total >= sum(map(len, acked.values()))
+            log.append_sync("load", b"after the crash", partition=0)  # writable again
+    finally:
+        restarted.proc.send_signal(signal.SIGTERM)
+        assert restarted.proc.wait(30) == 0
+        restarted.kill()
+
+
+def test_sigterm_drains_and_exits_zero(tmp_path):
+    path = str(tmp_path / "drained")
+    daemon = DaemonProcess(path)
+    try:
+        with open_remote(daemon.url, TOKEN) as admin:
+            admin.create_stream("load", partitions=2)
+            admin.append_sync("load", b"first", partition=1)
+        follower = open_remote(daemon.url, TOKEN)
+        reader = follower.reader("load", 1, follow=True)
+        first = next(iter(reader))
+        assert first.value == b"first"
+        stop = threading.Event()
+        threads, acked, failures = _producers(daemon.url, "load", 3, stop)
+        wait_until(lambda: len(acked) >= 20, timeout=30, what="appends under load")
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(30) == 0
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        with pytest.raises(p.DaemonError):  # the tail ends with an error, not a hang
+            for _ in reader:
+                pass
+        follower.close()
+        events_seen = daemon.events()
+        assert "draining" in events_seen and "stopped" in events_seen
+        assert all(isinstance(f, p.DaemonError) for f in failures)
+    finally:
+        daemon.kill()
+    with streamlog.open_log(path) as log:  # the lock was released; nothing acked is lost
+        _check_acked(log, "load", acked)
+
+
+def test_serve_refuses_to_start_without_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "STREAMLOG_TOKEN"}
+    done = subprocess.run([sys.executable, "-c", SERVE, str(tmp_path / "x"), "--port", "0"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "STREAMLOG_TOKEN" in done.stderr
+    assert not os.path.exists(tmp_path / "x")
+
+
+# -- the sans-I/O protocol -------------------------------------------------------------
+
+def _sample_messages() -> list[p.Message]:
+    payload, flags = p.encode_records([1, 2], [b"k", None], [b"v", b""], [0, 1],
+                                      [(), (("h", b"x"),)])
+    return [
+        p.Ping(1), p.CreateStream(2, "s", 4), p.Append(3, "s", -1, 9, 1, 2, flags, payload),
+        p.Read(4, "s", 1, p.Start.TIMESTAMP, -5, p.Stop.OFFSET, 10, p.READ_FOLLOW, 1 << 20),
+        p.Credit(4, 100), p.Cancel(4), p.CommitTxn(5, "s", 0, 1 << 63, "tag", b"m"),
+    ]
+
+
+def test_protocol_feeds_whole_byte_by_byte_and_with_trailing_bytes():
+    messages = _sample_messages()
+    stream = b"".join(p.encode_message(m) for m in messages)
+    for chunk in (len(stream), 1, 7):
+        server = p.Connection(p.Role.SERVER)
+        server.receive_data(p.encode_message(p.Hello(0, 1, b"t")))
+        assert isinstance(server.next_event(), p.Hello)
+        server.send(p.HelloOk(0, 1, p.FRAME_BYTES_MAX, 1000))
+        got = []
+        for start in range(0, len(stream), chunk):
+            server.receive_data(stream[start:start + chunk])
+            while (event := server.next_event()) is not p.NEED_DATA:
+                got.append(event)
+        assert got == messages
+    server.receive_data(p.encode_message(p.Ping(9)) + b"\x00\x00")
+    assert server.next_event() == p.Ping(9)
+    assert server.next_event() is p.NEED_DATA  # trailing bytes stay buffered
+    assert server.buffered_bytes == 2
+    server.receive_data(b"")
+    with pytest.raises(p.RemoteProtocolError):  # EOF inside a frame
+        server.next_event()
+
+
+def test_protocol_garbage_raises_only_remote_protocol_errors():
+    rng = random.Random(5)
+    valid = [p.encode_message(m) for m in _sample_messages()]
+    for _ in range(1500):
+        server = p.Connection(p.Role.SERVER)
+        server.receive_data(p.encode_message(p.Hello(0, 1, b"t")))
+        server.next_event()
+        server.send(p.HelloOk(0, 1, 1 << 20, 1000))
+        data = bytearray(rng.choice(valid))
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        server.receive_data(bytes(data) + bytes(rng.randrange(256) for _ in range(5)))
+        try:
+            for _ in range(5):
+                if server.next_event() is p.NEED_DATA:
+                    break
+        except p.RemoteProtocolError:
+            with pytest.raises(p.RemoteProtocolError):  # sticky
+                server.next_event()
+
+
+def test_protocol_state_rules():
+    client = p.Connection(p.Role.CLIENT)
+    with pytest.raises(p.LocalProtocolError):
+        client.send(p.Ping(1))  # nothing before HELLO
+    with pytest.raises(TypeError):
+        p.ProtocolError("abstract")
+    assert isinstance(p.RemoteProtocolError("x"), streamlog.StreamLogError)
+    assert p.error_code_for(streamlog.UnknownStream("s")) is p.ErrorCode.UNKNOWN_STREAM
+    assert isinstance(p.exception_for(p.ErrorCode.OFFSET_OUT_OF_RANGE, "m"),
+                      streamlog.OffsetOutOfRange)
+    assert isinstance(p.exception_for(999, "future code"), p.RemoteError)
+    # codes are stable: renumbering one breaks every deployed client
+    assert [(c.name, c.value) for c in p.ErrorCode][:4] == [
+        ("INTERNAL", 1), ("PROTOCOL_ERROR", 2), ("FRAME_TOO_LARGE", 3), ("UNAUTHENTICATED", 4)]
+
+
+def test_encode_slice_matches_the_rows():
+    values = [bytes([i]) * i for i in range(1, 30)]
+    keys = [None if i % 4 == 0 else b"k%d" % i for i in range(29)]
+    headers = [(("n", b"%d" % i),) if i % 3 == 0 else () for i in range(29)]
+    payload, flags = p.encode_records(list(range(29)), keys, values, [i % 2 for i in range(29)],
+                                      headers)
+    columns = p.decode_records(payload, flags, 29)
+    for lo, hi in ((0, 29), (3, 4), (5, 17), (28, 29)):
+        part, part_flags = p.encode_slice(columns, lo, hi)
+        got = p.columns_to_lists(p.decode_records(part, part_flags, hi - lo))
+        assert got == (list(range(lo, hi)), keys[lo:hi], values[lo:hi],
+                       [i % 2 for i in range(lo, hi)], headers[lo:hi])
