@@ -523,14 +523,26 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
     if headers is not None:
         headers = [_headers(h, i) for i, h in enumerate(_column(headers, n, "headers"))]
     if kinds is not None:
-        try:
-            kinds = [int(RecordKind(k)) for k in _column(kinds, n, "kinds")]
-        except ValueError as error:
-            raise InvalidAppend(f"bad record kind: {error}") from None
+        kinds = _column(kinds, n, "kinds")
+        if set(kinds) <= _KIND_VALUES and bool not in set(map(type, kinds)):
+            # RecordKind members hash and compare as their ints
+            kinds = list(map(int, kinds))
+        else:
+            try:
+                kinds = [int(RecordKind(_not_bool(k))) for k in kinds]
+            except (ValueError, TypeError) as error:
+                raise InvalidAppend(f"bad record kind: {error}") from None
     return values, keys, timestamps, headers, kinds
 
 
 _KEY_TYPES = {bytes, type(None)}
+_KIND_VALUES = frozenset(int(kind) for kind in RecordKind)
+
+
+def _not_bool(kind):
+    if isinstance(kind, bool):
+        raise TypeError(f"{kind!r} is not a RecordKind")
+    return kind
 
 
 def _len_or_zero(item) -> int:
