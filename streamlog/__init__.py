@@ -11,7 +11,7 @@ crash recovery.
 
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
-                     InvalidAppend, InvalidArgument, LogClosed, OffsetOutOfRange,
+                     InvalidAppend, InvalidArgument, LogClosed, LogLocked, OffsetOutOfRange,
                      PartitionFailed, ReadOnlyLog, StreamLogError, UnknownStream)
 from .log import Log, open_log, partition_for_key
 from .reader import Reader
@@ -21,6 +21,6 @@ __all__ = [
     "open_log", "Log", "Reader", "LogConfig", "FsyncPolicy", "Compression",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
-    "OffsetOutOfRange", "LogClosed", "ReadOnlyLog", "PartitionFailed",
+    "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
 ]

@@ -37,6 +37,10 @@ class LogClosed(StreamLogError):
     """The log (or partition) was closed; open it again to use it."""
 
 
+class LogLocked(StreamLogError):
+    """Another process has the log open for writing (one writer per log directory)."""
+
+
 class ReadOnlyLog(StreamLogError):
     """A write was attempted on a log opened read-only."""
 

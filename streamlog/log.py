@@ -24,8 +24,8 @@ import xxhash
 from . import layout
 from .appender import Piece
 from .config import LogConfig
-from .errors import (InvalidAppend, InvalidArgument, LogClosed, ReadOnlyLog, StreamLogError,
-                     UnknownStream)
+from .errors import (InvalidAppend, InvalidArgument, LogClosed, LogLocked, ReadOnlyLog,
+                     StreamLogError, UnknownStream)
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .partition import Partition
 from .reader import Reader
@@ -125,7 +125,7 @@ class Log:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            raise StreamLogError(f"{self.path} is open for writing by another process") from None
+            raise LogLocked(f"{self.path} is open for writing by another process") from None
         self._lock_handle = handle
 
     def _release_lock(self) -> None:
@@ -386,6 +386,12 @@ class Log:
     def txn_state(self, stream: str, partition: int, txn_id: int):
         """TxnState of a transaction in a partition, or None when it has no data there."""
         return self.partition(stream, partition).txn_state(txn_id)
+
+    def last_stable_offset(self, stream: str, partition: int = 0) -> int:
+        """First offset of the oldest open transaction, or the end: a read_committed
+        reader delivers nothing at or past it until that transaction ends."""
+        part = self.partition(stream, partition)
+        return min(part.index.open_txns().values(), default=part.next_offset)
 
     def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
         """Marker of the latest commit made with `tag` in the partition, or None."""

@@ -1,0 +1,16 @@
+"""The write side of format("streamlog"): batch appends and exactly-once streaming.
+
+    (df.writeStream.format("streamlog")
+       .option("path", "/data/out").option("stream", "results")
+       .option("checkpointLocation", "/data/ckpt")
+       .start())
+
+Executors stage rows; the driver commits them, once per micro-batch and log partition,
+under a transaction and a commit marker (DESIGN 6). See _commit.py for the two modes,
+transactional (default) and truncate, and _columns.py for how DataFrame columns map to
+records (value required; key, timestamp, partition, headers optional).
+"""
+
+from ._writer import BatchWriter, Staged, StreamWriter
+
+__all__ = ["BatchWriter", "StreamWriter", "Staged"]

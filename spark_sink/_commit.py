@@ -1,0 +1,271 @@
+"""Driver-side commit: staged rows -> the log, once per micro-batch, per partition.
+
+Strategy: `commit(messages, batchId)` runs in a process on the driver. It opens the log
+for writing (waiting, up to lockTimeoutMs, for another process that holds it), and
+then, for each log partition the batch wrote to, asks `last_commit(stream, p, tag)`,
+the marker of the latest commit made under this query's tag (its id, stable across
+restarts). A marker is the ASCII text `"<batch id> <offset of the commit record>"`.
+
+transactional (default)
+    Batch already committed in p (marker batch >= batchId): skip p. Else append the rows
+    under a fresh transaction id and commit it with the marker. Readers in read_committed
+    mode see the rows only with the commit record; a crash before it leaves an open
+    transaction that the next writable open aborts, so its rows are never visible.
+truncate
+    Rows are appended as plain data (visible at once, to every reader), then a commit
+    marker follows: one CHECKPOINT control record under a fresh transaction, committed
+    with the marker. Before appending, output found after p's last marker (an attempt
+    that died before its marker) is forgotten with `truncate_after(marker offset)`: the
+    StreamInsight rule that output after the last checkpoint is retracted on restart.
+    The first batch in a partition writes a start marker (batch -1) before its rows, so
+    even the first attempt's leftovers can be cut. This mode requires the query to be the
+    stream's only writer: whatever follows the last marker is taken as its leftovers.
+
+The per-partition check makes a commit that dies between partitions safe: the replay
+skips the partitions that made it and completes the others. It needs every row of a
+replayed batch to land in the same partition as before (see _columns.py: routing is a
+hash, never round robin). Rows go in chunks of at most CHUNK_ROWS, converted from Arrow
+as they go, so memory stays bounded for a large batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from streamlog import InvalidArgument, RecordKind, StreamLogError
+
+from ._options import TRUNCATE, SinkOptions
+from ._staging import load_runs
+
+log = logging.getLogger("streamlog.spark")
+
+CHUNK_ROWS = 65536
+_LOCKED = "open for writing by another process"
+START_BATCH = -1
+
+
+def open_writable(options: SinkOptions, *, create: bool = True):
+    """The log opened for writing, retrying while another process holds its lock.
+
+    Raises:
+        StreamLogError after lockTimeoutMs, naming the log and the option to raise.
+    """
+    import streamlog
+    deadline = time.monotonic() + options.lock_timeout_s
+    pause = 0.02
+    while True:
+        try:
+            return streamlog.open_log(options.path, fsync=options.fsync, create=create)
+        except StreamLogError as error:
+            if _LOCKED not in str(error):
+                raise
+            if time.monotonic() >= deadline:
+                raise StreamLogError(
+                    f"streamlog sink: {options.path} stayed open for writing by another "
+                    f"process for {options.lock_timeout_s:g} s (option lockTimeoutMs); a "
+                    f"log has one writing process at a time: close the other writer, or "
+                    f"let it finish") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+
+def ensure_stream(options: SinkOptions) -> int:
+    """Create the log and the stream when missing; return the stream's partition count.
+
+    Raises:
+        InvalidArgument when the stream exists with another partition count than the
+        `partitions` option says.
+    """
+    import streamlog
+    count = None
+    if os.path.exists(os.path.join(options.path, "streamlog.json")):
+        with streamlog.open_log(options.path, readonly=True, create=False) as reader:
+            if options.stream in reader.streams():
+                count = reader.partition_count(options.stream)
+    if count is None:
+        with open_writable(options) as writer:
+            count = writer.create_stream(options.stream, options.partitions or 1)
+    if options.partitions is not None and options.partitions != count:
+        raise InvalidArgument(f"stream {options.stream!r} has {count} partitions, not "
+                              f"{options.partitions} (option 'partitions')")
+    return count
+
+
+def parse_marker(marker: bytes | None) -> tuple[int, int] | None:
+    """(batch id, offset of the commit record) from a marker, or None."""
+    if marker is None:
+        return None
+    try:
+        batch, offset = marker.decode("ascii").split()
+        return int(batch), int(offset)
+    except ValueError:
+        raise StreamLogError(f"a commit marker of this query is not ours: {marker!r}; "
+                             f"another writer uses the same transactionalId") from None
+
+
+def gather_runs(paths: list[str]) -> dict[int, list]:
+    """{partition: [staged RecordBatch, ...]} over staged files, in message order. The
+    batches are memory-mapped: pages are read as the commit converts them."""
+    runs: dict[int, list] = {}
+    for path in paths:
+        for number, batch in load_runs(path):
+            runs.setdefault(number, []).append(batch)
+    return runs
+
+
+def commit_streaming(options: SinkOptions, paths: list[str], batch_id: int, tag: str) -> dict:
+    """Append a micro-batch's staged rows exactly once. Returns {partition: outcome}
+    with outcome "committed", "skipped" (already committed) or "empty"."""
+    assert batch_id >= 0
+    runs = gather_runs(paths)
+    outcomes = {}
+    with open_writable(options) as target:
+        count = target.partition_count(options.stream)
+        for number in range(count):
+            last = parse_marker(target.last_commit(options.stream, number, tag))
+            if last is not None and last[0] >= batch_id:
+                outcomes[number] = "skipped"
+                continue
+            if options.mode == TRUNCATE:
+                _forget_after(target, options.stream, number, last)
+            if number not in runs:
+                outcomes[number] = "empty"
+                continue
+            if options.mode == TRUNCATE:
+                if last is None:
+                    _marker(target, options.stream, number, tag, START_BATCH)
+                _append_runs(target, options.stream, number, runs[number], txn_id=0)
+                _marker(target, options.stream, number, tag, batch_id)
+            else:
+                _append_in_txn(target, options.stream, number, runs[number], tag,
+                               f"{batch_id}")
+            outcomes[number] = "committed"
+    return outcomes
+
+
+def commit_once(options: SinkOptions, paths: list[str], tag: str, note: str) -> None:
+    """A batch df.write: each partition's rows under one transaction, then committed."""
+    runs = gather_runs(paths)
+    with open_writable(options) as target:
+        for number in sorted(runs):
+            _append_in_txn(target, options.stream, number, runs[number], tag, note)
+
+
+def _append_in_txn(target, stream: str, number: int, runs, tag: str, batch: str) -> None:
+    txn_id = target.new_txn_id()
+    try:
+        _append_runs(target, stream, number, runs, txn_id=txn_id)
+        offset = target.end_offset(stream, number)
+        committed_at = target.commit_txn(stream, number, txn_id, tag=tag,
+                                         marker=f"{batch} {offset}".encode())
+    except BaseException:
+        _abort_quietly(target, stream, number, txn_id)
+        raise
+    _check_marker_offset(committed_at, offset)
+
+
+def _marker(target, stream: str, number: int, tag: str, batch_id: int) -> None:
+    """Truncate mode's commit marker: a CHECKPOINT note under a fresh transaction (a
+    transaction needs a record before it can commit), then its COMMIT record."""
+    txn_id = target.new_txn_id()
+    note = f"spark batch {batch_id}".encode()
+    try:
+        result = target.append_batch_sync(stream, [note], partition=number, txn_id=txn_id,
+                                          kinds=[RecordKind.CHECKPOINT])
+        offset = result.ranges[number][1] + 1
+        committed_at = target.commit_txn(stream, number, txn_id, tag=tag,
+                                         marker=f"{batch_id} {offset}".encode())
+    except BaseException:
+        _abort_quietly(target, stream, number, txn_id)
+        raise
+    _check_marker_offset(committed_at, offset)
+
+
+def _check_marker_offset(committed_at, predicted: int) -> None:
+    # The marker names its own offset, which truncate mode cuts after; we hold the
+    # writer lock, so nothing else can have been appended in between.
+    if committed_at is not None and committed_at != predicted:
+        raise StreamLogError(f"commit record landed at offset {committed_at}, not "
+                             f"{predicted}: another append raced the sink's commit")
+
+
+def _forget_after(target, stream: str, number: int, last) -> None:
+    """Truncate mode: cut what an attempt that died before its marker left behind."""
+    if last is None:
+        return
+    end = target.end_offset(stream, number)
+    if end > last[1] + 1:
+        log.warning("streamlog sink (truncate mode): forgetting %d record(s) of %s/%d written "
+                    "after batch %d's commit by an attempt that did not finish",
+                    end - last[1] - 1, stream, number, last[0])
+        target.truncate_after(stream, number, last[1])
+
+
+def _abort_quietly(target, stream: str, number: int, txn_id: int) -> None:
+    try:
+        if target.txn_state(stream, number, txn_id) is not None:
+            target.abort_txn(stream, number, txn_id)
+    except Exception:  # noqa: BLE001 - the original error matters; the next open aborts
+        log.exception("could not abort transaction %#x in %s/%d", txn_id, stream, number)
+
+
+def _append_runs(target, stream: str, number: int, runs, *, txn_id: int) -> None:
+    """Append staged runs of one partition in chunks that each fit one frame of the log
+    (so the log takes each chunk whole, without cutting it row by row), converting Arrow
+    to Python objects chunk by chunk. The conversion of the next chunk overlaps the
+    write and fsync of the previous one, on a second thread."""
+    import concurrent.futures
+    rows_max = _chunk_rows(target, runs)
+    with concurrent.futures.ThreadPoolExecutor(1, "streamlog-sink-append") as pool:
+        pending = None
+        for chunk in _chunks(runs, rows_max):
+            columns = _python_columns(chunk)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(target.append_batch_sync, stream, columns[0],
+                                  keys=columns[1], timestamps_us=columns[2], partition=number,
+                                  headers=columns[3], txn_id=txn_id)
+        if pending is not None:
+            pending.result()
+
+
+def _chunk_rows(target, runs) -> int:
+    """Rows per chunk: at most a frame's record count, and about half a frame's bytes
+    (the log's budget for one append piece), judged by the staged rows' average size."""
+    config = target.config
+    rows = sum(batch.num_rows for batch in runs)
+    size = sum(batch.column("key").nbytes + batch.column("value").nbytes for batch in runs)
+    per_row = size / max(rows, 1) + 24 + 8  # the log's per-record overhead, with slack
+    by_bytes = int(config.frame_bytes_max // 2 * 0.9 / per_row)
+    return max(1, min(config.batch_records_max, CHUNK_ROWS, by_bytes))
+
+
+def _chunks(runs, rows_max: int):
+    """Yield lists of batch slices holding exactly rows_max rows (the last fewer)."""
+    pending, rows = [], 0
+    for batch in runs:
+        at = 0
+        while at < batch.num_rows:
+            take = min(rows_max - rows, batch.num_rows - at)
+            pending.append(batch.slice(at, take))
+            rows += take
+            at += take
+            if rows == rows_max:
+                yield pending
+                pending, rows = [], 0
+    if pending:
+        yield pending
+
+
+def _python_columns(batches):
+    """values, keys, timestamps and headers of staged slices as Python lists."""
+    import pyarrow as pa
+    table = pa.Table.from_batches(batches)
+    headers = None
+    if "headers" in table.column_names:
+        headers = [None if h is None else [(pair["key"], pair["value"] or b"") for pair in h]
+                   for h in table.column("headers").to_pylist()]
+    return (table.column("value").to_pylist(), table.column("key").to_pylist(),
+            table.column("timestamp").to_pylist(), headers)

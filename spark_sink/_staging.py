@@ -1,0 +1,117 @@
+"""Staging: executors park the rows of a write in Arrow IPC files for the driver's commit.
+
+Strategy: a log has one writing process at a time, and executors are other processes,
+so a task never opens the log for writing. It writes its rows, already routed to log
+partitions (one Arrow batch per partition run), to `LOG/staging/<scope>/<uuid>.arrow`,
+fsyncs the file and its directory, and returns the path in its commit message. The
+driver's commit appends the staged rows and deletes the files; `collect_garbage`
+removes what failed attempts left behind. A staged file that is torn (a task died while
+writing it) never reaches a commit: only successful tasks' messages do.
+
+    scope  <query id>/<batch id>   a streaming micro-batch
+           write-<uuid>            one df.write job
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import pyarrow as pa
+
+STAGING_DIR = "staging"
+
+
+def staging_root(log_path: str) -> str:
+    return os.path.join(log_path, STAGING_DIR)
+
+
+class Stager:
+    """Writes one task's staged batches to one file, created at the first row."""
+
+    def __init__(self, directory: str, schema: pa.Schema) -> None:
+        self.directory = directory
+        self.schema = schema
+        self.path: str | None = None
+        self.rows: dict[int, int] = {}
+        self._file = None
+        self._writer = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append `batch` (staged schema), split into runs of one partition each."""
+        if batch.num_rows == 0:
+            return
+        if self._writer is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self.path = os.path.join(self.directory, f"{uuid.uuid4().hex}.arrow")
+            self._file = open(self.path, "wb")
+            self._writer = pa.ipc.new_file(self._file, self.schema)
+        for number, run in split_by_partition(batch):
+            self._writer.write_batch(run)
+            self.rows[number] = self.rows.get(number, 0) + run.num_rows
+
+    def finish(self) -> str | None:
+        """Close and fsync the file (and its directory); returns its path, or None when
+        nothing was written."""
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return self.path
+
+
+def split_by_partition(batch: pa.RecordBatch):
+    """Yield (partition, rows of that partition) keeping the input order within each."""
+    import numpy as np
+    partitions = batch.column(0).to_numpy()
+    first = int(partitions[0])
+    if (partitions == first).all():
+        yield first, batch
+        return
+    order = np.argsort(partitions, kind="stable")
+    ordered = partitions[order]
+    cuts = np.flatnonzero(np.diff(ordered)) + 1
+    for lo, hi in zip([0, *cuts], [*cuts, len(order)]):
+        yield int(ordered[lo]), batch.take(pa.array(order[lo:hi]))
+
+
+def load_runs(path: str):
+    """Yield (partition, RecordBatch) from a staged file, in the order written. The
+    batches are memory-mapped; they keep the mapping alive while referenced."""
+    reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        yield batch.column(0)[0].as_py(), batch
+
+
+def remove_files(paths) -> None:
+    for path in paths:
+        if path:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def collect_garbage(log_path: str, scope: str, *, through_batch: int | None = None) -> None:
+    """Remove a write's staging directory; for a streaming query (`scope` = query id and
+    `through_batch` given), every micro-batch directory up to that batch, which only
+    failed attempts can have left behind once it is committed."""
+    root = staging_root(log_path)
+    if through_batch is None:
+        shutil.rmtree(os.path.join(root, scope), ignore_errors=True)
+        return
+    query_dir = os.path.join(root, scope)
+    if not os.path.isdir(query_dir):
+        return
+    for name in os.listdir(query_dir):
+        if name.isdigit() and int(name) <= through_batch:
+            shutil.rmtree(os.path.join(query_dir, name), ignore_errors=True)

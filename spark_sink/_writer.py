@@ -1,0 +1,145 @@
+"""df.write and df.writeStream to format("streamlog").
+
+Strategy: the writer objects are built on the driver (options and the DataFrame's
+columns checked there, the stream created if missing), pickled to executors for
+`write()`, which only stages rows (see _staging.py), and used again on the driver for
+`commit()`, the one place the log is opened for writing (see _commit.py). Spark builds
+the streaming writer anew for each micro-batch, in more than one process, so nothing
+may live in the object but what its constructor derived from the options.
+
+A streaming task learns its query id and batch id from the task's local properties
+(`sql.streaming.queryId`, `streaming.sql.batchId`): Spark's Python `write()` gets no
+batch id, and this is how the engine tags a micro-batch's jobs. The query id, stable
+across restarts from one checkpoint, is the tag of the query's commits unless the
+option transactionalId names one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import uuid
+
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+from streamlog import InvalidArgument, StreamLogError
+
+from ._columns import ColumnMap, staged_schema
+from ._commit import commit_once, commit_streaming, ensure_stream
+from ._options import TRANSACTIONAL, parse_sink_options
+from ._staging import Stager, collect_garbage, remove_files, staging_root
+
+log = logging.getLogger("streamlog.spark")
+BATCH_WRITE_TAG = "spark-write"
+
+
+@dataclasses.dataclass
+class Staged(WriterCommitMessage):
+    """What one task staged: the file (None when it had no rows), rows per partition,
+    and for a streaming task the commit tag and micro-batch id it saw."""
+
+    path: str | None
+    rows: dict
+    tag: str | None = None
+    batch_id: int | None = None
+
+
+def _refuse_overwrite(overwrite: bool, what: str) -> None:
+    if overwrite:
+        raise InvalidArgument(f"format('streamlog') cannot {what}: a log is append-only. "
+                              f"Use .mode('append') (batch) or outputMode('append') "
+                              f"(streaming), or write to a new stream")
+
+
+class _Common:
+    def _setup(self, options, schema) -> None:
+        self.options = parse_sink_options(options)
+        count = ensure_stream(self.options)
+        self.columns = ColumnMap.from_schema(schema, count)
+
+    def _stage(self, iterator, directory: str) -> Staged:
+        stager = Stager(directory, staged_schema(self.columns.headers is not None))
+        for batch in iterator:
+            stager.write(self.columns.stage(batch))
+        return Staged(stager.finish(), stager.rows)
+
+
+class BatchWriter(_Common, DataSourceArrowWriter):
+    """df.write.format("streamlog").mode("append"): each log partition's rows are
+    appended under one transaction and committed when every task has staged."""
+
+    def __init__(self, options, schema, overwrite: bool) -> None:
+        _refuse_overwrite(overwrite, "overwrite (save mode 'overwrite')")
+        self._setup(options, schema)
+        self.scope = f"write-{uuid.uuid4().hex}"
+
+    def write(self, iterator) -> Staged:
+        return self._stage(iterator, os.path.join(staging_root(self.options.path),
+                                                  self.scope))
+
+    def commit(self, messages) -> None:
+        paths = _paths(messages)
+        try:
+            if paths:
+                commit_once(self.options, paths, BATCH_WRITE_TAG, self.scope)
+        finally:
+            remove_files(paths)
+            collect_garbage(self.options.path, self.scope)
+
+    def abort(self, messages) -> None:
+        remove_files(_paths(messages))
+        collect_garbage(self.options.path, self.scope)
+
+
+class StreamWriter(_Common, DataSourceStreamArrowWriter):
+    """df.writeStream.format("streamlog"): exactly once per micro-batch and partition."""
+
+    def __init__(self, options, schema, overwrite: bool) -> None:
+        _refuse_overwrite(overwrite, "run in complete output mode (it rewrites the output)")
+        self._setup(options, schema)
+
+    def write(self, iterator) -> Staged:
+        from pyspark import TaskContext
+        context = TaskContext.get()
+        query = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+        tag = self.options.transactional_id or query
+        scope = os.path.join(staging_root(self.options.path), _dir_name(tag or "unknown"),
+                             batch if batch and batch.isdigit() else "unknown")
+        staged = self._stage(iterator, scope)
+        staged.tag = tag
+        staged.batch_id = int(batch) if batch and batch.isdigit() else None
+        return staged
+
+    def commit(self, messages, batchId: int) -> None:
+        staged = [m for m in messages if m is not None]
+        paths = _paths(staged)
+        tags = {m.tag for m in staged}
+        try:
+            if not staged or (not paths and self.options.mode == TRANSACTIONAL):
+                return  # nothing to append, and nothing to clean up in this mode
+            if len(tags) != 1 or None in tags:
+                raise StreamLogError(
+                    f"streamlog sink: cannot tell which query wrote micro-batch {batchId} "
+                    f"(tags {sorted(map(str, tags))}); set the option transactionalId to a "
+                    f"name that is stable across restarts of this query")
+            tag = tags.pop()
+            outcomes = commit_streaming(self.options, paths, batchId, tag)
+            log.info("streamlog sink: batch %d of %s: %s", batchId, tag, outcomes)
+        finally:
+            remove_files(paths)
+            for tag in {m.tag for m in staged if m.tag}:
+                collect_garbage(self.options.path, _dir_name(tag), through_batch=batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        remove_files(_paths(m for m in messages if m is not None))
+
+
+def _paths(messages) -> list[str]:
+    return [m.path for m in messages if m is not None and m.path]
+
+
+def _dir_name(tag: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", tag)

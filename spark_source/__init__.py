@@ -1,0 +1,62 @@
+"""format("streamlog") for Spark: batch and streaming reads, and (through spark_sink)
+batch and exactly-once streaming writes of a streamlog log.
+
+    # no call needed once streamlog is installed (pyspark_streamlog.DefaultSource);
+    # spark_source.register(spark) does the same explicitly.
+    df = (spark.readStream.format("streamlog")
+          .option("path", "/data/mylog").option("stream", "events")
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 100000)
+          .load())
+
+Strategy: the DataSource class only parses options and hands out readers and writers;
+the modules behind it keep the Python Data Source API's process model in mind. The
+driver plans (read-only opens of the log); executors read offset ranges read-only and
+stage rows they are asked to write; only the driver-side commit opens the log for
+writing (one writing process per log, an flock). Options are named as those of Spark's
+Kafka source (spark_source/_options.py, spark_sink/_options.py).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+
+__all__ = ["StreamlogDataSource", "register"]
+
+
+class StreamlogDataSource(DataSource):
+    """The `streamlog` data source. Rows: stream, partition, offset, timestamp, key,
+    value[, headers]; see spark_source/_schema.py."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "streamlog"
+
+    def schema(self):
+        from ._options import parse_bool
+        from ._schema import spark_schema
+        given = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
+        return spark_schema(parse_bool(given, "includeHeaders", False))
+
+    def reader(self, schema):
+        from ._batch import BatchReader
+        from ._options import parse_source_options
+        return BatchReader(parse_source_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema):
+        from ._options import parse_source_options
+        from ._stream import StreamReader
+        return StreamReader(parse_source_options(self.options, streaming=True), schema)
+
+    def writer(self, schema, overwrite: bool):
+        from spark_sink import BatchWriter
+        return BatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from spark_sink import StreamWriter
+        return StreamWriter(self.options, schema, overwrite)
+
+
+def register(spark) -> None:
+    """Register format("streamlog") in `spark` (needed only where the automatic
+    registration cannot see the installed `pyspark_streamlog` module)."""
+    spark.dataSource.register(StreamlogDataSource)

@@ -1,0 +1,142 @@
+"""spark.readStream.format("streamlog"): micro-batches of per-partition log offsets.
+
+Strategy: an offset is `{"<stream>": {"<partition>": next offset to read}}`, streams
+sorted by name and partitions by number, so that the same positions always give the
+same JSON text (Spark compares offsets as JSON strings). Spark keeps this stream reader
+in one long-lived process on the driver and writes each batch's end offsets to its
+checkpoint before the batch runs, so a restarted query replays exactly the logged
+ranges and then resumes; nothing here has to be durable.
+
+Admission control: `getDefaultReadLimit` turns maxOffsetsPerTrigger into ReadMaxRows,
+and `latestOffset(start, limit)` shares that budget across partitions in proportion to
+their backlog (`rate_limit`). For Trigger.AvailableNow, `prepareForTriggerAvailableNow`
+pins the end at the offsets available then; the query then runs rate-limited batches up
+to it and stops.
+
+Ends are last stable offsets (see _plan.py): a batch never claims records of a
+transaction that is still open.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+from streamlog import InvalidArgument
+
+from ._batch import make_splits
+from ._options import SourceOptions
+from ._plan import (check_bound_covers, data_loss, open_readonly, partition_keys,
+                    rate_limit, resolve_start, stable_end)
+from ._read import read_range
+from ._schema import target_arrow_schema
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions, schema) -> None:
+        assert options.ending is None
+        self.options = options
+        self.target = target_arrow_schema(schema, options.include_headers)
+        self._initial: dict | None = None
+        self._pinned: dict | None = None  # Trigger.AvailableNow: never read past this
+        self._available: dict | None = None
+
+    def initialOffset(self) -> dict:
+        """Where a new query starts (startingOffsets and friends). Asked more than once
+        by Spark, so resolved once: "latest" must not move between the calls."""
+        if self._initial is None:
+            options = self.options
+            log = open_readonly(options.path)
+            try:
+                keys = sorted(partition_keys(log, options.streams))
+                check_bound_covers(options.starting, keys)
+                self._initial = to_json({key: resolve_start(
+                    log, key, options.starting.position(*key), options) for key in keys})
+            finally:
+                log.close()
+        return self._initial
+
+    def getDefaultReadLimit(self):
+        limit = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._pinned = to_json(self._stable_ends())
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        starts = self._positions(start)
+        available = self._stable_ends()
+        if self._pinned is not None:
+            pinned = from_json(self._pinned)
+            available = {key: min(end, pinned.get(key, end)) for key, end in available.items()}
+        self._available = to_json(available)
+        keys = sorted(starts)
+        ends = []
+        for key in keys:
+            end = available[key]
+            if end < starts[key]:
+                data_loss(f"{key[0]}/{key[1]}: the log now ends at offset {end}, before offset "
+                          f"{starts[key]} that this query already read up to (it was "
+                          f"truncated)", self.options.fail_on_data_loss)
+                end = starts[key]
+            ends.append(end)
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        limited = rate_limit([starts[k] for k in keys], ends, budget)
+        return to_json(dict(zip(keys, limited)))
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._available
+
+    def partitions(self, start: dict, end: dict):
+        starts, ends = self._positions(start), self._positions(end)
+        ranges = [(key, starts[key], ends[key]) for key in sorted(ends)
+                  if ends[key] > starts[key]]
+        return make_splits(self.options, ranges)
+
+    def read(self, partition):
+        return read_range(partition, self.target)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: the log keeps no per-query state."""
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _stable_ends(self) -> dict:
+        log = open_readonly(self.options.path)
+        try:
+            return {key: stable_end(log, *key)
+                    for key in sorted(partition_keys(log, self.options.streams))}
+        finally:
+            log.close()
+
+    def _positions(self, offsets: dict) -> dict:
+        """Parse offsets from Spark, checking they cover exactly the streams read now."""
+        positions = from_json(offsets)
+        streams = sorted({key[0] for key in positions})
+        if streams != sorted(self.options.streams):
+            raise InvalidArgument(f"this query's checkpoint holds offsets of streams "
+                                  f"{', '.join(streams)} but option 'stream' names "
+                                  f"{', '.join(sorted(self.options.streams))}; use a new "
+                                  f"checkpointLocation to read other streams")
+        return positions
+
+
+def to_json(positions: dict) -> dict:
+    """{(stream, partition): offset} -> the offset dict Spark stores (stable order)."""
+    out: dict = {}
+    for (stream, number), offset in sorted(positions.items()):
+        out.setdefault(stream, {})[str(number)] = int(offset)
+    return out
+
+
+def from_json(offsets: dict) -> dict:
+    """The offset dict Spark hands back -> {(stream, partition): offset}."""
+    if not isinstance(offsets, dict):
+        raise InvalidArgument(f"not a streamlog offset: {offsets!r}")
+    out = {}
+    for stream, partitions in offsets.items():
+        if not isinstance(partitions, dict):
+            raise InvalidArgument(f"not a streamlog offset: {offsets!r}")
+        for number, offset in partitions.items():
+            out[(stream, int(number))] = int(offset)
+    return out

@@ -1,0 +1,171 @@
+"""The sink's driver-side commit without Spark: what a replayed, half-done or crashed
+micro-batch leaves in the log, in both modes. Spark only calls these functions; the
+crash cases are set up here directly, and in a child process killed mid-transaction."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import types as T
+
+import streamlog
+from spark_sink._columns import ColumnMap, staged_schema
+from spark_sink._commit import commit_streaming, ensure_stream, parse_marker
+from spark_sink._options import parse_sink_options
+from spark_sink._staging import Stager, collect_garbage, staging_root
+
+SCHEMA = T.StructType([T.StructField("key", T.StringType()),
+                       T.StructField("value", T.BinaryType())])
+TAG = "query-1"
+
+
+def sink(path, mode="transactional", **options):
+    parsed = parse_sink_options({"path": str(path), "stream": "out", "partitions": "2",
+                                 "mode": mode, **options})
+    ensure_stream(parsed)
+    return parsed
+
+
+def stage(options, batch_id: int, values: list[bytes]) -> str:
+    columns = ColumnMap.from_schema(SCHEMA, 2)
+    stager = Stager(os.path.join(staging_root(options.path), TAG, str(batch_id)),
+                    staged_schema(False))
+    keys = [f"k{i % 7}" for i in range(len(values))]
+    stager.write(columns.stage(pa.record_batch({"key": pa.array(keys),
+                                                 "value": pa.array(values, pa.binary())})))
+    return stager.finish()
+
+
+def batch_values(batch_id: int, count: int = 20) -> list[bytes]:
+    return [b"b%d-%03d" % (batch_id, i) for i in range(count)]
+
+
+def visible(path, *, read_committed=True) -> list[bytes]:
+    with streamlog.open_log(path, readonly=True) as log:
+        return sorted(r.value for n in range(2)
+                      for r in log.reader("out", n, read_committed=read_committed))
+
+
+def markers(path) -> list:
+    with streamlog.open_log(path, readonly=True) as log:
+        return [parse_marker(log.last_commit("out", n, TAG)) for n in range(2)]
+
+
+@pytest.mark.parametrize("mode", ["transactional", "truncate"])
+def test_replayed_batch_is_skipped(tmp_path, mode):
+    options = sink(tmp_path / "log", mode)
+    for batch_id in (0, 1):
+        outcome = commit_streaming(options, [stage(options, batch_id, batch_values(batch_id))],
+                                   batch_id, TAG)
+        assert set(outcome.values()) == {"committed"}
+    before = visible(tmp_path / "log", read_committed=False)
+    again = commit_streaming(options, [stage(options, 1, batch_values(1))], 1, TAG)
+    assert again == {0: "skipped", 1: "skipped"}
+    assert visible(tmp_path / "log", read_committed=False) == before
+    assert visible(tmp_path / "log") == sorted(batch_values(0) + batch_values(1))
+    assert [m[0] for m in markers(tmp_path / "log")] == [1, 1]
+
+
+def test_commit_that_died_between_partitions_is_completed_once(tmp_path):
+    options = sink(tmp_path / "log")
+    commit_streaming(options, [stage(options, 0, batch_values(0))], 0, TAG)
+    # Batch 1 reached partition 0 only: commit its rows there by hand, as the commit did.
+    path = stage(options, 1, batch_values(1))
+    from spark_sink._commit import _append_in_txn, gather_runs
+    with streamlog.open_log(tmp_path / "log") as log:
+        _append_in_txn(log, "out", 0, gather_runs([path])[0], TAG, "1")
+    assert [m[0] for m in markers(tmp_path / "log")] == [1, 0]
+    outcome = commit_streaming(options, [path], 1, TAG)
+    assert outcome == {0: "skipped", 1: "committed"}
+    assert visible(tmp_path / "log") == sorted(batch_values(0) + batch_values(1))
+
+
+CRASH_IN_TXN = """
+import os, signal, sys
+import streamlog
+with streamlog.open_log(sys.argv[1]) as log:
+    txn = log.new_txn_id()
+    log.append_batch_sync("out", [b"half-done"] * 5, partition=0, txn_id=txn)
+    if sys.argv[2] == "plain":
+        log.append_batch_sync("out", [b"half-done"] * 5, partition=1)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def crash_mid_commit(path, how: str) -> None:
+    """A child process appends like a commit would, and is killed before its marker."""
+    run = subprocess.run([sys.executable, "-c", CRASH_IN_TXN, str(path), how], timeout=60)
+    assert run.returncode == -9
+
+
+def test_data_of_a_crashed_commit_never_becomes_visible(tmp_path):
+    options = sink(tmp_path / "log")
+    commit_streaming(options, [stage(options, 0, batch_values(0))], 0, TAG)
+    crash_mid_commit(tmp_path / "log", "txn")
+    commit_streaming(options, [stage(options, 1, batch_values(1))], 1, TAG)
+    assert visible(tmp_path / "log") == sorted(batch_values(0) + batch_values(1))
+    assert b"half-done" in visible(tmp_path / "log", read_committed=False)
+
+
+def test_truncate_mode_cuts_output_after_the_last_marker(tmp_path):
+    options = sink(tmp_path / "log", "truncate")
+    crash_mid_commit(tmp_path / "log", "plain")  # before any marker: start markers come first
+    commit_streaming(options, [stage(options, 0, batch_values(0))], 0, TAG)
+    # The junk before batch 0's start markers stays: it was there before the query.
+    assert visible(tmp_path / "log").count(b"half-done") == 5
+    crash_mid_commit(tmp_path / "log", "plain")  # batch 1's first attempt dies
+    commit_streaming(options, [stage(options, 1, batch_values(1))], 1, TAG)
+    expected = sorted(batch_values(0) + batch_values(1) + [b"half-done"] * 5)
+    assert visible(tmp_path / "log") == expected
+    # Batch 1's leftovers are gone from disk; only the first crash's (5 plain, and 5 in
+    # a transaction aborted by the next writable open) remain before the start markers.
+    assert visible(tmp_path / "log", read_committed=False).count(b"half-done") == 10
+
+
+def test_truncate_mode_first_batch_leftovers_are_cut(tmp_path):
+    options = sink(tmp_path / "log", "truncate")
+    values = batch_values(0)
+    path = stage(options, 0, values)
+    from spark_sink._commit import START_BATCH, _append_runs, _marker, gather_runs
+    with streamlog.open_log(tmp_path / "log") as log:  # the first attempt got this far
+        _marker(log, "out", 1, TAG, START_BATCH)
+        _append_runs(log, "out", 1, gather_runs([path])[1], txn_id=0)
+    assert markers(tmp_path / "log")[1][0] == START_BATCH
+    commit_streaming(options, [path], 0, TAG)
+    assert visible(tmp_path / "log", read_committed=False) == sorted(values)
+
+
+def test_commit_waits_for_another_writer(tmp_path):
+    options = sink(tmp_path / "log", lockTimeoutMs="20000")
+    path = stage(options, 0, batch_values(0))
+    holder = streamlog.open_log(tmp_path / "log")
+    releaser = threading.Timer(0.5, holder.close)
+    releaser.start()
+    started = time.monotonic()
+    assert set(commit_streaming(options, [path], 0, TAG).values()) == {"committed"}
+    assert time.monotonic() - started >= 0.4
+    releaser.join()
+
+
+def test_foreign_marker_under_our_tag_is_an_error(tmp_path):
+    options = sink(tmp_path / "log")
+    with streamlog.open_log(tmp_path / "log") as log:
+        txn = log.new_txn_id()
+        log.append_batch_sync("out", [b"x"], partition=0, txn_id=txn)
+        log.commit_txn("out", 0, txn, tag=TAG, marker=b"not a batch")
+    with pytest.raises(streamlog.StreamLogError, match="same transactionalId"):
+        commit_streaming(options, [stage(options, 0, batch_values(0))], 0, TAG)
+
+
+def test_garbage_collection_of_staging(tmp_path):
+    options = sink(tmp_path / "log")
+    for batch_id in (3, 4, 5):
+        stage(options, batch_id, [b"x"])
+    collect_garbage(options.path, TAG, through_batch=4)
+    assert os.listdir(os.path.join(staging_root(options.path), TAG)) == ["5"]
