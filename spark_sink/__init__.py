@@ -6,7 +6,9 @@
        .start())
 
 Executors stage rows; the driver commits them, once per micro-batch and log partition,
-under a transaction and a commit marker (DESIGN 6). See _commit.py for the two modes,
+under a transaction and a commit marker (DESIGN 6). With a daemon's URL as the path,
+executors append their rows through the daemon under open transactions and the driver
+commits those instead (_remote.py). See _commit.py for the two modes,
 transactional (default) and truncate, and _columns.py for how DataFrame columns map to
 records (value required; key, timestamp, partition, headers optional).
 """

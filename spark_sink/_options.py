@@ -1,15 +1,17 @@
 """Writer options of format("streamlog").
 
-    path            the log directory (required; created when missing)
+    path            the log directory (required; created when missing), or a daemon's
+                    URL streamlog://HOST:PORT (token from STREAMLOG_TOKEN; executors
+                    append through the daemon, transactional mode only)
     stream          the stream to append to (required; created when missing)
     partitions      partition count of a stream this writer creates (default 1); an
                     existing stream with another count is an error
     mode            transactional (default) | truncate: how a streaming write stays
                     exactly-once (see spark_sink/_commit.py)
     fsync           always (default) | interval | never: the log's fsync policy while the
-                    driver commits
+                    driver commits (a daemon keeps its own)
     lockTimeoutMs   how long a commit waits for another process that holds the log open
-                    for writing (default 60000)
+                    for writing (default 60000; unused with a daemon)
     transactionalId the tag of a streaming query's commits (default: the query's id,
                     which is stable across restarts from the same checkpoint)
 """
@@ -18,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from spark_source._options import (SOURCE_OPTIONS, check_unknown, parse_path, parse_streams,
-                                   positive_int)
+from spark_source._options import (SOURCE_OPTIONS, check_unknown, is_url, parse_path,
+                                   parse_streams, positive_int)
 from streamlog import InvalidArgument
 
 SINK_OPTIONS = ("path", "stream", "partitions", "mode", "fsync", "lockTimeoutMs",
@@ -60,6 +62,10 @@ def parse_sink_options(options) -> SinkOptions:
         raise InvalidArgument(f"option 'mode' must be transactional or truncate (got "
                               f"{given['mode']!r}); to replace a stream's contents, write "
                               f"to a new stream: a log is append-only")
+    if mode == TRUNCATE and is_url(path):
+        raise InvalidArgument(f"option 'mode' truncate needs the log's directory: with a "
+                              f"daemon URL ({path}) other clients may append to the stream, "
+                              f"so only mode transactional (the default) is available")
     fsync = given.get("fsync", "always").strip().lower()
     if fsync not in ("always", "interval", "never"):
         raise InvalidArgument(f"option 'fsync' must be always, interval or never (got "

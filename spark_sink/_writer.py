@@ -3,7 +3,9 @@
 Strategy: the writer objects are built on the driver (options and the DataFrame's
 columns checked there, the stream created if missing), pickled to executors for
 `write()`, which only stages rows (see _staging.py), and used again on the driver for
-`commit()`, the one place the log is opened for writing (see _commit.py). Spark builds
+`commit()`, the one place the log is opened for writing (see _commit.py); with a
+daemon's URL, `write()` appends through the daemon under open transactions and
+`commit()` commits them (see _remote.py). Spark builds
 the streaming writer anew for each micro-batch, in more than one process, so nothing
 may live in the object but what its constructor derived from the options.
 
@@ -24,8 +26,10 @@ import uuid
 
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
+from spark_source._options import is_url
 from streamlog import InvalidArgument, StreamLogError
 
+from . import _remote
 from ._columns import ColumnMap, staged_schema
 from ._commit import commit_once, commit_streaming, ensure_stream
 from ._options import TRANSACTIONAL, parse_sink_options
@@ -38,12 +42,14 @@ BATCH_WRITE_TAG = "spark-write"
 @dataclasses.dataclass
 class Staged(WriterCommitMessage):
     """What one task staged: the file (None when it had no rows), rows per partition,
-    and for a streaming task the commit tag and micro-batch id it saw."""
+    and for a streaming task the commit tag and micro-batch id it saw. With a daemon's
+    URL nothing is staged: `txns` names the transactions the task left open there."""
 
     path: str | None
     rows: dict
     tag: str | None = None
     batch_id: int | None = None
+    txns: dict | None = None  # a daemon's log: {partition: [open txn id, rows]}
 
 
 def _refuse_overwrite(overwrite: bool, what: str) -> None:
@@ -56,10 +62,15 @@ def _refuse_overwrite(overwrite: bool, what: str) -> None:
 class _Common:
     def _setup(self, options, schema) -> None:
         self.options = parse_sink_options(options)
-        count = ensure_stream(self.options)
+        self.remote = is_url(self.options.path)
+        count = (_remote.ensure_stream_remote(self.options) if self.remote
+                 else ensure_stream(self.options))
         self.columns = ColumnMap.from_schema(schema, count)
 
     def _stage(self, iterator, directory: str) -> Staged:
+        if self.remote:
+            txns = _remote.append_task(self.options, self.columns, iterator)
+            return Staged(None, {p: rows for p, (_txn, rows) in txns.items()}, txns=txns)
         stager = Stager(directory, staged_schema(self.columns.headers is not None))
         for batch in iterator:
             stager.write(self.columns.stage(batch))
@@ -76,10 +87,15 @@ class BatchWriter(_Common, DataSourceArrowWriter):
         self.scope = f"write-{uuid.uuid4().hex}"
 
     def write(self, iterator) -> Staged:
+        if self.remote:
+            return self._stage(iterator, "")
         return self._stage(iterator, os.path.join(staging_root(self.options.path),
                                                   self.scope))
 
     def commit(self, messages) -> None:
+        if self.remote:
+            _remote.commit_once(self.options, _txns(messages), BATCH_WRITE_TAG, self.scope)
+            return
         paths = _paths(messages)
         try:
             if paths:
@@ -89,6 +105,9 @@ class BatchWriter(_Common, DataSourceArrowWriter):
             collect_garbage(self.options.path, self.scope)
 
     def abort(self, messages) -> None:
+        if self.remote:
+            _remote.abort(self.options, _txns(messages))
+            return
         remove_files(_paths(messages))
         collect_garbage(self.options.path, self.scope)
 
@@ -106,6 +125,11 @@ class StreamWriter(_Common, DataSourceStreamArrowWriter):
         query = context.getLocalProperty("sql.streaming.queryId") if context else None
         batch = context.getLocalProperty("streaming.sql.batchId") if context else None
         tag = self.options.transactional_id or query
+        if self.remote:
+            staged = self._stage(iterator, "")
+            staged.tag = tag
+            staged.batch_id = int(batch) if batch and batch.isdigit() else None
+            return staged
         scope = os.path.join(staging_root(self.options.path), _dir_name(tag or "unknown"),
                              batch if batch and batch.isdigit() else "unknown")
         staged = self._stage(iterator, scope)
@@ -115,6 +139,9 @@ class StreamWriter(_Common, DataSourceStreamArrowWriter):
 
     def commit(self, messages, batchId: int) -> None:
         staged = [m for m in messages if m is not None]
+        if self.remote:
+            self._commit_remote(staged, batchId)
+            return
         paths = _paths(staged)
         tags = {m.tag for m in staged}
         try:
@@ -133,12 +160,34 @@ class StreamWriter(_Common, DataSourceStreamArrowWriter):
             for tag in {m.tag for m in staged if m.tag}:
                 collect_garbage(self.options.path, _dir_name(tag), through_batch=batchId)
 
+    def _commit_remote(self, staged: list, batch_id: int) -> None:
+        with_rows = [m for m in staged if m.txns]
+        if not with_rows:
+            return
+        tags = {m.tag for m in with_rows}
+        if len(tags) != 1 or None in tags:
+            _remote.abort(self.options, _txns(with_rows))
+            raise StreamLogError(
+                f"streamlog sink: cannot tell which query wrote micro-batch {batch_id} "
+                f"(tags {sorted(map(str, tags))}); set the option transactionalId to a "
+                f"name that is stable across restarts of this query")
+        tag = tags.pop()
+        outcomes = _remote.commit_streaming(self.options, _txns(with_rows), batch_id, tag)
+        log.info("streamlog sink: batch %d of %s: %s", batch_id, tag, outcomes)
+
     def abort(self, messages, batchId: int) -> None:
+        if self.remote:
+            _remote.abort(self.options, _txns(messages))
+            return
         remove_files(_paths(m for m in messages if m is not None))
 
 
 def _paths(messages) -> list[str]:
     return [m.path for m in messages if m is not None and m.path]
+
+
+def _txns(messages) -> list[dict]:
+    return [m.txns for m in messages if m is not None and m.txns]
 
 
 def _dir_name(tag: str) -> str:

@@ -12,8 +12,11 @@ Strategy: the DataSource class only parses options and hands out readers and wri
 the modules behind it keep the Python Data Source API's process model in mind. The
 driver plans (read-only opens of the log); executors read offset ranges read-only and
 stage rows they are asked to write; only the driver-side commit opens the log for
-writing (one writing process per log, an flock). Options are named as those of Spark's
-Kafka source (spark_source/_options.py, spark_sink/_options.py).
+writing (one writing process per log, an flock). With a daemon's URL as the path
+(streamlog://HOST:PORT, token from STREAMLOG_TOKEN) every open is a client of the
+daemon instead, and executors append through it (spark_sink/_remote.py). Options are
+named as those of Spark's Kafka source (spark_source/_options.py,
+spark_sink/_options.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ Strategy: Spark hands a data source its options as a case-insensitive dict of st
 `InvalidArgument` with a sentence that names the option, the value and what would be
 accepted. The names and meanings follow Spark's Kafka source, so users know them:
 
-    path                          the log directory (required)
+    path                          the log directory, or a daemon's URL
+                                  streamlog://HOST:PORT (token from STREAMLOG_TOKEN, in
+                                  the driver's and every executor's environment)
+                                  (required)
     stream                        one stream, or several separated by commas (required)
     startingOffsets               earliest | latest (streaming only) | JSON per partition,
                                   {"s": {"0": 23, "1": -2}} with -2 earliest, -1 latest
@@ -159,13 +162,21 @@ def parse_path(given: dict[str, str]) -> str:
     if not path:
         raise InvalidArgument("option 'path' is required: the streamlog log directory "
                               "(.option('path', DIR) or .load(DIR) / .save(DIR))")
-    if path.startswith("streamlog://"):
-        raise InvalidArgument(f"path {path!r}: daemon URLs are not supported by the Spark "
-                              f"connector yet; give the log directory (on a file system "
-                              f"every executor can read)")
+    if is_url(path):
+        from streamlog.wire.client import parse_url
+        parse_url(path)  # InvalidArgument naming the URL when malformed
+        return path
     if path.startswith("file://"):
         path = path[len("file://"):]
     return path
+
+
+DAEMON_SCHEMES = ("streamlog://", "streamlog+tls://")
+
+
+def is_url(path: str) -> bool:
+    """Whether `path` names a daemon (streamlog://HOST:PORT) rather than a directory."""
+    return path.startswith(DAEMON_SCHEMES)
 
 
 def parse_streams(given: dict[str, str]) -> tuple[str, ...]:

@@ -27,7 +27,8 @@ import os
 from pyspark.sql.datasource import InputPartition
 from streamlog import InvalidArgument, OffsetOutOfRange
 
-from ._options import EARLIEST, LATEST, OFFSET, TIMESTAMP, Bound, Position, SourceOptions
+from ._options import (EARLIEST, LATEST, OFFSET, TIMESTAMP, Bound, Position, SourceOptions,
+                       is_url)
 
 log = logging.getLogger("streamlog.spark")
 
@@ -57,8 +58,11 @@ PartitionKey = tuple[str, int]  # (stream, partition number)
 
 
 def open_readonly(path: str):
-    """The log at `path`, opened read-only; a clear error when there is none."""
+    """The log at `path` (a directory, or a daemon's URL), opened read-only; a clear
+    error when there is none."""
     import streamlog
+    if is_url(path):
+        return streamlog.open_log(path, readonly=True)
     if not os.path.isdir(path):
         raise InvalidArgument(f"no streamlog log at {path!r} (option 'path')")
     return streamlog.open_log(path, readonly=True, create=False)
@@ -78,6 +82,10 @@ def stable_end(log, stream: str, partition: int) -> int:
     if public is not None:
         return public(stream, partition)
     end = log.end_offset(stream, partition)
+    if not hasattr(log, "partition"):
+        # A daemon's client tells no last stable offset: the end is the best it knows.
+        # (A range reaching into an open transaction then reads only what is committed.)
+        return end
     index = log.partition(stream, partition).index
     open_firsts = index.open_txns().values() if hasattr(index, "open_txns") else ()
     return min([end, *open_firsts])

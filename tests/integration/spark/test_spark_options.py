@@ -80,7 +80,7 @@ def test_option_names_are_case_insensitive_and_streams_may_be_several():
     ({"maxOffsetsPerTrigger": "lots"}, True, "must be an integer"),
     ({"includeHeaders": "yes"}, False, "must be true or false"),
     ({"maxOffsetPerTrigger": "5"}, True, "did you mean 'maxOffsetsPerTrigger'?"),
-    ({"path": "streamlog://host:7541"}, False, "daemon URLs are not supported"),
+    ({"path": "streamlog://host:7541/logs"}, False, "has a path or query"),
 ])
 def test_bad_source_options(options, streaming, message):
     with pytest.raises(streamlog.InvalidArgument) as excinfo:
