@@ -28,12 +28,15 @@ from .errors import (InvalidAppend, InvalidArgument, LogClosed, LogLocked, ReadO
                      StreamLogError, UnknownStream)
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .partition import Partition
+from . import txn as txn_module
 from .reader import Reader
+from .validate import (BYTES_TYPES as _BYTES, INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN,
+                       KEY_TYPES as _KEY_TYPES, KIND_VALUES as _KIND_VALUES, as_bytes as _as_bytes,
+                       column as _column, headers as _headers, len_or_zero as _len_or_zero,
+                       not_bool as _not_bool, timestamp as _timestamp)
 from .records import AppendResult, RecordKind, RecordPosition
 
 FORMAT = {"format": "streamlog", "version": 1}
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_BYTES = (bytes, bytearray, memoryview)
 
 
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
@@ -359,13 +362,7 @@ class Log:
 
     # -- transactions (DESIGN 6, txn.py) ---------------------------------------------
 
-    @staticmethod
-    def new_txn_id() -> int:
-        """A fresh random transaction id (nonzero, 64-bit)."""
-        while True:
-            txn_id = int.from_bytes(os.urandom(8), "big")
-            if txn_id:
-                return txn_id
+    new_txn_id = staticmethod(txn_module.new_txn_id)
 
     def commit_txn(self, stream: str, partition: int, txn_id: int, *, tag: str = "",
                    marker: bytes = b"") -> int:
@@ -541,71 +538,6 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
     return values, keys, timestamps, headers, kinds
 
 
-_KEY_TYPES = {bytes, type(None)}
-_KIND_VALUES = frozenset(int(kind) for kind in RecordKind)
-
-
-def _not_bool(kind):
-    if isinstance(kind, bool):
-        raise TypeError(f"{kind!r} is not a RecordKind")
-    return kind
-
-
-def _len_or_zero(item) -> int:
-    return 0 if item is None else len(item)
-
-
-def _column(column, n: int, name: str):
-    if isinstance(column, (*_BYTES, str)) or not hasattr(column, "__len__"):
-        raise InvalidAppend(f"{name} must be a list with one item per record")
-    if len(column) != n:
-        raise InvalidAppend(f"{name} has {len(column)} items for {n} values")
-    return column
-
-
-def _as_bytes(item, what: str, row: int) -> bytes:
-    if type(item) is bytes:
-        return item
-    if isinstance(item, _BYTES):
-        return bytes(item)
-    hint = " (encode text first, e.g. s.encode())" if isinstance(item, str) else ""
-    raise InvalidAppend(f"{what} of record {row} must be bytes, not "
-                        f"{type(item).__name__}{hint}")
-
-
-def _timestamp(value, row: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidAppend(f"timestamp of record {row} must be an int of microseconds "
-                            f"since the epoch (got {type(value).__name__})")
-    value = int(value)
-    if not _INT64_MIN < value <= _INT64_MAX:
-        raise InvalidAppend(f"timestamp of record {row} is out of the int64 range")
-    return value
-
-
-def _headers(headers, row: int):
-    if headers is None or headers == ():
-        return ()
-    items = headers.items() if isinstance(headers, dict) else headers
-    out = []
-    try:
-        for name, value in items:
-            if not isinstance(name, str):
-                raise TypeError
-            out.append((name, _as_bytes(value, "header value", row)))
-    except (TypeError, ValueError):
-        raise InvalidAppend(f"headers of record {row} must be (str, bytes) pairs") from None
-    if len(out) >= 1 << 16:
-        raise InvalidAppend(f"record {row} has {len(out)} headers; at most 65535")
-    for name, value in out:
-        try:
-            encoded = name.encode()
-        except UnicodeEncodeError:
-            raise InvalidAppend(f"header name of record {row} is not valid UTF-8") from None
-        if len(encoded) >= 1 << 16 or len(value) >= 1 << 32:
-            raise InvalidAppend(f"header {name[:40]!r} of record {row} is too long "
-                                f"(names < 64 KiB, values < 4 GiB)")
-    return tuple(out)
 
 
 def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list[Piece]:

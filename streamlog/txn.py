@@ -17,6 +17,7 @@ who committed (a Spark query id) and the marker what (its batch id), so a sink c
 from __future__ import annotations
 
 import enum
+import os
 import struct
 
 from .records import RecordKind
@@ -28,6 +29,14 @@ class TxnState(enum.IntEnum):
     OPEN = 1
     COMMITTED = 2
     ABORTED = 3
+
+
+def new_txn_id() -> int:
+    """A fresh random transaction id (nonzero, 64-bit)."""
+    while True:
+        txn_id = int.from_bytes(os.urandom(8), "big")
+        if txn_id:
+            return txn_id
 
 
 def encode_commit(tag: str, marker: bytes) -> bytes:

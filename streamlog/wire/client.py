@@ -40,6 +40,9 @@ import urllib.parse
 from ..errors import (InvalidAppend, InvalidArgument, LogClosed, ReadOnlyLog, StreamLogError,
                       UnknownStream)
 from ..records import AppendResult, RecordKind, RecordPosition
+from ..validate import as_bytes as _as_bytes, column as _column, headers as _headers
+from ..txn import new_txn_id
+from ..validate import timestamp as _timestamp
 from . import protocol as p
 
 DEFAULT_PORT = 7541
@@ -542,13 +545,7 @@ class RemoteLog:
 
     # -- transactions ----------------------------------------------------------------
 
-    @staticmethod
-    def new_txn_id() -> int:
-        """A fresh random transaction id (nonzero, 64-bit), as Log.new_txn_id."""
-        while True:
-            txn_id = int.from_bytes(os.urandom(8), "big")
-            if txn_id:
-                return txn_id
+    new_txn_id = staticmethod(new_txn_id)
 
     def commit_txn(self, stream: str, partition: int, txn_id: int, *, tag: str = "",
                    marker: bytes = b"") -> int:
@@ -754,49 +751,6 @@ def _take(columns: _Columns, rows: range):
 
 def _headers_size(headers) -> int:
     return 2 + sum(8 + len(name.encode()) + len(value) for name, value in headers)
-
-
-def _column(column, n: int, name: str):
-    if isinstance(column, (*_BYTES, str)) or not hasattr(column, "__len__"):
-        raise InvalidAppend(f"{name} must be a list with one item per record")
-    if len(column) != n:
-        raise InvalidAppend(f"{name} has {len(column)} items for {n} values")
-    return column
-
-
-def _as_bytes(item, what: str, row: int) -> bytes:
-    if type(item) is bytes:
-        return item
-    if isinstance(item, _BYTES):
-        return bytes(item)
-    hint = " (encode text first, e.g. s.encode())" if isinstance(item, str) else ""
-    raise InvalidAppend(f"{what} of record {row} must be bytes, not "
-                        f"{type(item).__name__}{hint}")
-
-
-def _timestamp(value, row: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidAppend(f"timestamp of record {row} must be an int of microseconds "
-                            f"since the epoch (got {type(value).__name__})")
-    value = int(value)
-    if not _INT64_MIN < value <= _INT64_MAX:
-        raise InvalidAppend(f"timestamp of record {row} is out of the int64 range")
-    return value
-
-
-def _headers(headers, row: int):
-    if headers is None or headers == ():
-        return ()
-    items = headers.items() if isinstance(headers, dict) else headers
-    out = []
-    try:
-        for name, value in items:
-            if not isinstance(name, str):
-                raise TypeError
-            out.append((name, _as_bytes(value, "header value", row)))
-    except (TypeError, ValueError):
-        raise InvalidAppend(f"headers of record {row} must be (str, bytes) pairs") from None
-    return tuple(out)
 
 
 # -- readers ---------------------------------------------------------------------------
