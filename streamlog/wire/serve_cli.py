@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-frame-bytes", type=_positive, default=protocol.FRAME_BYTES_MAX)
     parser.add_argument("--idle-timeout-s", type=float, default=120.0,
                         help="close a connection silent this long (clients ping)")
+    parser.add_argument("--txn-timeout-s", type=float, default=900.0,
+                        help="abort a transaction left open this long (a client that "
+                             "died before committing); 0: never")
     parser.add_argument("--fsync", choices=("always", "interval", "never"), default="always",
                         help="the log's fsync policy (default always: an acknowledged "
                              "append is on stable storage)")
@@ -73,7 +76,7 @@ def run_serve(args: argparse.Namespace) -> int:
         token=token.encode(), host=args.host, port=args.port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, connections_max=args.max_connections,
         frame_bytes_max=max(args.max_frame_bytes, protocol.HELLO_BYTES_MAX),
-        idle_timeout_s=args.idle_timeout_s)
+        idle_timeout_s=args.idle_timeout_s, txn_timeout_s=args.txn_timeout_s)
     configure_json_logging(sys.stderr)
     if args.host not in _LOOPBACK:
         logging.getLogger("streamlog.wire.server").warning(

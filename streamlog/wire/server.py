@@ -86,6 +86,10 @@ class ServerConfig:
     idle_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     threads_max: int = 8
+    # A transaction left open this long is aborted (Kafka's transaction.timeout.ms): a
+    # client that died between its data and its commit must not stall read_committed
+    # readers of the partition until the daemon restarts. 0 disables.
+    txn_timeout_s: float = 900.0
 
     def validate(self) -> "ServerConfig":
         if not self.token:
@@ -237,6 +241,8 @@ class LogServer:
             max_workers=config.threads_max, thread_name_prefix="streamlog-serve")
         self._ticker: asyncio.Task | None = None
         self._next_id = 0
+        self._txn_seen: dict[tuple[str, int, int], float] = {}  # first seen open, monotonic
+        self._txn_checked = 0.0
 
     async def start(self) -> None:
         """Listen on the data port (and the metrics port); log where."""
@@ -266,7 +272,38 @@ class LogServer:
     async def _tick(self) -> None:
         while True:
             self.metrics.sample()
+            timeout = self.config.txn_timeout_s
+            now = time.monotonic()
+            if timeout > 0 and now - self._txn_checked >= min(timeout / 4, 10.0):
+                self._txn_checked = now
+                try:
+                    await self.blocking(self.abort_stale_txns, now)
+                except Exception as error:  # noqa: BLE001 - logged; the daemon goes on
+                    _event(logging.WARNING, "txn_timeout_failed", reason=repr(error))
             await asyncio.sleep(1.0)
+
+    def abort_stale_txns(self, now: float) -> list[tuple[str, int, int]]:
+        """Abort transactions seen open for longer than txn_timeout_s; returns them."""
+        seen, aborted = {}, []
+        for stream in self.log.streams():
+            for number in range(self.log.partition_count(stream)):
+                open_txns = self.log.partition(stream, number).index.open_txns()
+                for txn_id in open_txns:
+                    key = (stream, number, txn_id)
+                    seen[key] = self._txn_seen.get(key, now)
+                    if now - seen[key] < self.config.txn_timeout_s:
+                        continue
+                    try:
+                        self.log.abort_txn(stream, number, txn_id)
+                    except StreamLogError:
+                        continue  # committed or aborted meanwhile
+                    del seen[key]
+                    aborted.append(key)
+                    self.metrics.counters["txn_timeouts"] += 1
+                    _event(logging.WARNING, "txn_timeout", stream=stream, partition=number,
+                           txn=f"{txn_id:#x}", seconds=self.config.txn_timeout_s)
+        self._txn_seen = seen
+        return aborted
 
     async def blocking(self, fn, *args, **kwargs):
         """Run fn on the daemon's thread pool; await its result."""

@@ -904,3 +904,28 @@ def test_encode_slice_matches_the_rows():
         got = p.columns_to_lists(p.decode_records(part, part_flags, hi - lo))
         assert got == (list(range(lo, hi)), keys[lo:hi], values[lo:hi],
                        [i % 2 for i in range(lo, hi)], headers[lo:hi])
+
+
+def test_a_transaction_left_open_is_aborted_after_the_timeout(tmp_path):
+    """A client that appended under a transaction and died must not stall
+    read_committed readers until the daemon restarts (Kafka's transaction.timeout.ms)."""
+    log = streamlog.open_log(tmp_path / "log")
+    try:
+        log.create_stream("s")
+        server = LogServer(log, ServerConfig(token=b"t", txn_timeout_s=60.0))
+        log.append_batch_sync("s", [b"before"])
+        orphan, live = log.new_txn_id(), log.new_txn_id()
+        log.append_batch_sync("s", [b"orphan"], txn_id=orphan)
+        log.append_batch_sync("s", [b"after"])
+        assert server.abort_stale_txns(now=1000.0) == []  # first seen now
+        log.append_batch_sync("s", [b"live"], txn_id=live)
+        assert [r.value for r in log.reader("s")] == [b"before"]  # stalled behind it
+        assert server.abort_stale_txns(now=1059.0) == []  # not yet 60 s
+        assert server.abort_stale_txns(now=1061.0) == [("s", 0, orphan)]
+        assert log.txn_state("s", 0, orphan) is streamlog.txn.TxnState.ABORTED
+        assert log.txn_state("s", 0, live) is streamlog.txn.TxnState.OPEN  # seen later
+        assert [r.value for r in log.reader("s")] == [b"before", b"after"]
+        assert server.metrics.counters["txn_timeouts"] == 1
+        server._executor.shutdown()
+    finally:
+        log.close()
