@@ -543,6 +543,11 @@ class RemoteLog:
     def start_offset(self, stream: str, partition: int = 0) -> int:
         return self._call(lambda rid: p.Offsets(rid, stream, partition)).start_offset
 
+    def last_stable_offset(self, stream: str, partition: int = 0) -> int:
+        """As Log.last_stable_offset: the first offset of the oldest open transaction,
+        or the end."""
+        return self._call(lambda rid: p.Offsets(rid, stream, partition)).stable_offset
+
     # -- transactions ----------------------------------------------------------------
 
     new_txn_id = staticmethod(new_txn_id)

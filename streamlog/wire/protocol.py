@@ -617,11 +617,13 @@ class ResultInt(Message):
     value: int
 
 
-@_message(MessageType.RESULT_OFFSETS, _S, ("start_offset", "i64"), ("end_offset", "i64"))
+@_message(MessageType.RESULT_OFFSETS, _S, ("start_offset", "i64"), ("end_offset", "i64"),
+          ("stable_offset", "i64"))
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResultOffsets(Message):
     start_offset: int
     end_offset: int
+    stable_offset: int  # Log.last_stable_offset: the oldest open transaction's start
 
 
 @_message(MessageType.RESULT_JSON, _S, ("body", "rest"))

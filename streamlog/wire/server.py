@@ -728,8 +728,10 @@ async def _create_stream(server: LogServer, m: p.CreateStream):
 
 
 async def _offsets(server: LogServer, m: p.Offsets):
-    return p.ResultOffsets(m.request_id, server.log.start_offset(m.stream, m.partition),
-                           server.log.end_offset(m.stream, m.partition))
+    log_ = server.log
+    return p.ResultOffsets(m.request_id, log_.start_offset(m.stream, m.partition),
+                           log_.end_offset(m.stream, m.partition),
+                           log_.last_stable_offset(m.stream, m.partition))
 
 
 async def _offset_for_timestamp(server: LogServer, m: p.OffsetForTimestamp):

@@ -302,8 +302,11 @@ def test_transactions_truncate_and_info(remote):
     txn = remote.new_txn_id()
     remote.append_batch_sync("tx", [b"a", b"b"], txn_id=txn, partition=0)
     assert list(remote.reader("tx", 0)) == []  # read_committed: not yet visible
+    assert remote.last_stable_offset("tx", 0) == 0  # held at the open transaction
+    assert remote.end_offset("tx", 0) == 2
     assert len(list(remote.reader("tx", 0, read_committed=False))) == 2
     commit_offset = remote.commit_txn("tx", 0, txn, tag="query-1", marker=b"batch-7")
+    assert remote.last_stable_offset("tx", 0) == remote.end_offset("tx", 0) == 3
     assert commit_offset == 2
     assert [r.value for r in remote.reader("tx", 0)] == [b"a", b"b"]
     assert len(list(remote.reader("tx", 0, data_only=False))) == 3  # the marker too
