@@ -30,10 +30,9 @@ from .fileio import OsFileIO, read_file, write_file_atomic
 from .partition import Partition
 from . import txn as txn_module
 from .reader import Reader
-from .validate import (BYTES_TYPES as _BYTES, INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN,
-                       KEY_TYPES as _KEY_TYPES, KIND_VALUES as _KIND_VALUES, as_bytes as _as_bytes,
-                       column as _column, headers as _headers, len_or_zero as _len_or_zero,
-                       not_bool as _not_bool, timestamp as _timestamp)
+from . import validate
+from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN, as_bytes as _as_bytes
+from .validate import len_or_zero as _len_or_zero
 from .records import AppendResult, RecordKind, RecordPosition
 
 FORMAT = {"format": "streamlog", "version": 1}
@@ -491,50 +490,19 @@ def _one(timestamp_us):
 
 
 def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
-    """Check and normalise one append's columns. Fast paths for the common types keep
-    this off the profile (it runs in the caller, once per record)."""
-    if isinstance(values, (*_BYTES, str)) or not hasattr(values, "__len__"):
-        raise InvalidAppend("values must be a list of bytes (one item per record)")
-    n = len(values)
-    if n == 0:
-        raise InvalidAppend("nothing to append: values is empty")
-    if set(map(type, values)) != {bytes}:
-        values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
-    if keys is None:
-        keys = [None] * n
-    else:
-        keys = _column(keys, n, "keys")
-        if not set(map(type, keys)) <= _KEY_TYPES:
-            keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
+    """Check and normalise one append's columns (validate.records), bound each record's
+    size, and stamp the append time when the caller gave no timestamps."""
+    values, keys, timestamps, headers, kinds = validate.records(values, keys, timestamps_us,
+                                                                headers, kinds)
     limit = config.record_bytes_max
-    key_max = max(map(_len_or_zero, keys))
-    if max(map(len, values)) + key_max > limit:
-        for i in range(n):
+    if max(map(len, values)) + max(map(_len_or_zero, keys)) > limit:
+        for i in range(len(values)):
             size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
             if size > limit:
                 raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
                                     f"(record_bytes_max)")
-    if timestamps_us is None:
-        timestamps = [time.time_ns() // 1000] * n
-    else:
-        timestamps = _column(timestamps_us, n, "timestamps_us")
-        if set(map(type, timestamps)) == {int}:
-            if min(timestamps) <= _INT64_MIN or max(timestamps) > _INT64_MAX:
-                timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
-        else:
-            timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
-    if headers is not None:
-        headers = [_headers(h, i) for i, h in enumerate(_column(headers, n, "headers"))]
-    if kinds is not None:
-        kinds = _column(kinds, n, "kinds")
-        if set(kinds) <= _KIND_VALUES and bool not in set(map(type, kinds)):
-            # RecordKind members hash and compare as their ints
-            kinds = list(map(int, kinds))
-        else:
-            try:
-                kinds = [int(RecordKind(_not_bool(k))) for k in kinds]
-            except (ValueError, TypeError) as error:
-                raise InvalidAppend(f"bad record kind: {error}") from None
+    if timestamps is None:
+        timestamps = [time.time_ns() // 1000] * len(values)
     return values, keys, timestamps, headers, kinds
 
 

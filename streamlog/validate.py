@@ -46,7 +46,7 @@ def timestamp(value, row: int) -> int:
     return value
 
 
-def headers(headers, row: int):
+def record_headers(headers, row: int):
     if headers is None or headers == ():
         return ()
     items = headers.items() if isinstance(headers, dict) else headers
@@ -79,3 +79,43 @@ def not_bool(kind):
 
 def len_or_zero(item) -> int:
     return 0 if item is None else len(item)
+
+
+def records(values, keys, timestamps_us, headers, kinds):
+    """Check and normalise one append's columns; returns (values, keys, timestamps,
+    headers, kinds) with timestamps None when the caller gave none. Fast paths keep this
+    off the profile: set(map(type, ...)) checks a column at C speed, and the per-item
+    loops (which name the bad record) run only when that fails."""
+    if isinstance(values, (*BYTES_TYPES, str)) or not hasattr(values, "__len__"):
+        raise InvalidAppend("values must be a list of bytes (one item per record)")
+    n = len(values)
+    if n == 0:
+        raise InvalidAppend("nothing to append: values is empty")
+    if set(map(type, values)) != {bytes}:
+        values = [as_bytes(v, "value", i) for i, v in enumerate(values)]
+    if keys is None:
+        keys = [None] * n
+    else:
+        keys = column(keys, n, "keys")
+        if not set(map(type, keys)) <= KEY_TYPES:
+            keys = [None if k is None else as_bytes(k, "key", i) for i, k in enumerate(keys)]
+    timestamps = None
+    if timestamps_us is not None:
+        timestamps = column(timestamps_us, n, "timestamps_us")
+        if set(map(type, timestamps)) != {int} or (
+                min(timestamps) <= INT64_MIN or max(timestamps) > INT64_MAX):
+            timestamps = [timestamp(t, i) for i, t in enumerate(timestamps)]
+    if headers is not None:
+        headers = [record_headers(h, i) for i, h in enumerate(column(headers, n, "headers"))]
+    if kinds is not None:
+        kinds = record_kinds(column(kinds, n, "kinds"))
+    return values, keys, timestamps, headers, kinds
+
+
+def record_kinds(kinds) -> list[int]:
+    if set(kinds) <= KIND_VALUES and bool not in set(map(type, kinds)):
+        return list(map(int, kinds))  # RecordKind members hash and compare as their ints
+    try:
+        return [int(RecordKind(not_bool(k))) for k in kinds]
+    except (ValueError, TypeError) as error:
+        raise InvalidAppend(f"bad record kind: {error}") from None

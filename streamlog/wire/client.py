@@ -40,9 +40,8 @@ import urllib.parse
 from ..errors import (InvalidAppend, InvalidArgument, LogClosed, ReadOnlyLog, StreamLogError,
                       UnknownStream)
 from ..records import AppendResult, RecordKind, RecordPosition
-from ..validate import as_bytes as _as_bytes, column as _column, headers as _headers
+from .. import validate
 from ..txn import new_txn_id
-from ..validate import timestamp as _timestamp
 from . import protocol as p
 
 DEFAULT_PORT = 7541
@@ -54,9 +53,6 @@ READ_CHUNK_BYTES = 1024 * 1024
 STREAM_LIMIT_BYTES = 4 * 1024 * 1024
 # An APPEND larger than the daemon's frame limit less this slack is sent in pieces.
 FRAME_SLACK_BYTES = 64 * 1024
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_BYTES = (bytes, bytearray, memoryview)
-_KEY_TYPES = {bytes, type(None)}
 # Options of open_log that mean nothing for a daemon's log: accepted and ignored.
 _LOCAL_ONLY = {"fsync", "create", "fileio", "progress", "config"}
 
@@ -679,38 +675,16 @@ class _Columns:
 
 
 def _columns(values, keys, timestamps_us, headers, kinds) -> _Columns:
-    if isinstance(values, (*_BYTES, str)) or not hasattr(values, "__len__"):
-        raise InvalidAppend("values must be a list of bytes (one item per record)")
-    n = len(values)
-    if n == 0:
-        raise InvalidAppend("nothing to append: values is empty")
-    # set(map(type, ...)) checks a column at C speed; the loops run only when it fails
-    if set(map(type, values)) != {bytes}:
-        values = [_as_bytes(v, "value", i) for i, v in enumerate(values)]
-    if keys is None:
-        keys = [None] * n
-    else:
-        keys = _column(keys, n, "keys")
-        if not set(map(type, keys)) <= _KEY_TYPES:
-            keys = [None if k is None else _as_bytes(k, "key", i) for i, k in enumerate(keys)]
-    if timestamps_us is None:
-        timestamps = [0] * n  # stamped by the daemon (timestamps_given = 0)
-    else:
-        timestamps = _column(timestamps_us, n, "timestamps_us")
-        if set(map(type, timestamps)) != {int} or (
-                min(timestamps) <= _INT64_MIN or max(timestamps) > _INT64_MAX):
-            timestamps = [_timestamp(t, i) for i, t in enumerate(timestamps)]
-    if headers is not None:
-        headers = [_headers(h, i) for i, h in enumerate(_column(headers, n, "headers"))]
-        if not any(headers):
-            headers = None
-    if kinds is not None:
-        try:
-            kinds = [int(RecordKind(k)) for k in _column(kinds, n, "kinds")]
-        except ValueError as error:
-            raise InvalidAppend(f"bad record kind: {error}") from None
-        if not any(kinds):
-            kinds = None
+    """The log's checks (validate.records); the daemon bounds record sizes itself and
+    stamps the append time when no timestamps are given (sent as zeros)."""
+    values, keys, timestamps, headers, kinds = validate.records(values, keys, timestamps_us,
+                                                                headers, kinds)
+    if timestamps is None:
+        timestamps = [0] * len(values)
+    if headers is not None and not any(headers):
+        headers = None
+    if kinds is not None and not any(kinds):
+        kinds = None
     return _Columns(values, keys, timestamps, headers, kinds)
 
 
