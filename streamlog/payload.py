@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 
 import numpy as np
 import zstandard
@@ -101,7 +102,18 @@ def compress(raw: bytes, compressor: zstandard.ZstdCompressor) -> bytes | None:
     return None
 
 
-_DECOMPRESSOR = zstandard.ZstdDecompressor()
+# zstandard objects must not be used from several threads at once (reader threads, the
+# daemon's worker pool, Spark tasks): each thread gets its own decompressor, lazily.
+_THREAD_CODECS = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor (created on first use in the thread)."""
+    try:
+        return _THREAD_CODECS.decompressor
+    except AttributeError:
+        decompressor = _THREAD_CODECS.decompressor = zstandard.ZstdDecompressor()
+        return decompressor
 
 
 def decode_columns(frame: Frame) -> Columns:
@@ -110,7 +122,7 @@ def decode_columns(frame: Frame) -> Columns:
     payload = frame.payload
     if frame.codec == CODEC_ZSTD:
         try:
-            payload = _DECOMPRESSOR.decompress(payload, max_output_size=frame.raw_bytes)
+            payload = _decompressor().decompress(payload, max_output_size=frame.raw_bytes)
         except zstandard.ZstdError as error:
             raise CorruptFrame(f"zstd: {error}", frame.position) from None
     elif frame.codec != CODEC_NONE:

@@ -36,6 +36,7 @@ import urllib.request
 import pytest
 
 import streamlog
+from streamlog.testing.serve import ServeProcess
 from streamlog.wire import protocol as p
 from streamlog.wire.client import open_remote, parse_url
 from streamlog.wire.server import (READ_CHUNK_BYTES, LogServer, Metrics, ServerConfig,
@@ -681,40 +682,11 @@ def _free_port() -> int:
 
 # -- the daemon as a process -----------------------------------------------------------
 
-class DaemonProcess:
-    """`streamlog serve` in a child process; stderr (JSON lines) collected by a thread."""
+class DaemonProcess(ServeProcess):
+    """`streamlog serve` in a child process (streamlog.testing.serve), with the token."""
 
     def __init__(self, path: str, *extra: str) -> None:
-        env = dict(os.environ, STREAMLOG_TOKEN=TOKEN)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, path, "--port", "0", "--metrics-port", "off", *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[dict] = []
-        self._listening = threading.Event()
-        self._reader = threading.Thread(target=self._collect, daemon=True)
-        self._reader.start()
-        if not self._listening.wait(30):
-            self.proc.kill()
-            raise AssertionError(f"daemon did not start: {self.lines}")
-        self.port = next(line["port"] for line in self.lines if line["event"] == "listening")
-        self.url = f"streamlog://127.0.0.1:{self.port}"
-
-    def _collect(self) -> None:
-        for line in self.proc.stderr:
-            try:
-                self.lines.append(json.loads(line))
-            except ValueError:
-                self.lines.append({"event": "text", "text": line})
-            if self.lines[-1].get("event") == "listening":
-                self._listening.set()
-
-    def events(self) -> list[str]:
-        return [line.get("event") for line in self.lines]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+        super().__init__(path, *extra, token=TOKEN)
 
 
 def _producers(url: str, stream: str, count: int, stop: threading.Event):

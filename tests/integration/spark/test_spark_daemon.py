@@ -12,9 +12,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import subprocess
-import sys
-import threading
 
 import pytest
 from spark_helpers import EPOCH_US, spark_error_text, write_log
@@ -22,48 +19,21 @@ from spark_helpers import EPOCH_US, spark_error_text, write_log
 import streamlog
 from spark_sink import _remote
 from streamlog import RecordKind
+from streamlog.testing.serve import ServeProcess
 
 pytestmark = pytest.mark.slow
 
 TOKEN = os.environ.setdefault("STREAMLOG_TOKEN", "spark-daemon-test-token")
-SERVE = "from streamlog.wire.serve_cli import main; main()"
 
 
-class Daemon:
-    """`streamlog serve LOG --port 0` in a child process, until stop()."""
+class Daemon(ServeProcess):
+    """`streamlog serve LOG --port 0 --fsync never` in a child process, until stop()."""
 
     def __init__(self, path) -> None:
-        env = dict(os.environ, STREAMLOG_TOKEN=TOKEN)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(path), "--port", "0", "--metrics-port", "off",
-             "--fsync", "never"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[dict] = []
-        listening = threading.Event()
-
-        def collect() -> None:
-            for line in self.proc.stderr:
-                try:
-                    self.lines.append(json.loads(line))
-                except ValueError:
-                    self.lines.append({"event": "text", "text": line})
-                if self.lines[-1].get("event") == "listening":
-                    listening.set()
-
-        threading.Thread(target=collect, daemon=True).start()
-        if not listening.wait(30):
-            self.proc.kill()
-            raise AssertionError(f"the daemon did not start: {self.lines}")
-        port = next(line["port"] for line in self.lines if line.get("event") == "listening")
-        self.url = f"streamlog://127.0.0.1:{port}"
+        super().__init__(path, "--fsync", "never", token=TOKEN)
 
     def connect(self):
         return streamlog.open_log(self.url)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,65 @@
+"""`streamlog serve` in a child process, for tests that need a real daemon.
+
+Strategy: start the daemon on a free loopback port (`--port 0`), collect its stderr
+(JSON lines, one event each) on a thread, and wait for its "listening" event, which
+names the port. `stop()` sends SIGTERM (the graceful drain) and returns the exit code;
+`kill()` is a crash. Used by the daemon, concurrency and Spark test tiers alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+SERVE = "from streamlog.wire.serve_cli import main; main()"
+
+
+class ServeProcess:
+    """`streamlog serve PATH --port 0 --metrics-port off [extra...]` with `token`."""
+
+    def __init__(self, path, *extra: str, token: str, start_timeout_s: float = 30) -> None:
+        env = dict(os.environ, STREAMLOG_TOKEN=token)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, str(path), "--port", "0", "--metrics-port", "off",
+             *extra],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[dict] = []
+        self._listening = threading.Event()
+        threading.Thread(target=self._collect, daemon=True).start()
+        if not self._listening.wait(start_timeout_s):
+            self.proc.kill()
+            raise AssertionError(f"the daemon did not start: {self.lines}")
+        self.port = next(line["port"] for line in self.lines
+                         if line.get("event") == "listening")
+        self.url = f"streamlog://127.0.0.1:{self.port}"
+
+    def _collect(self) -> None:
+        for line in self.proc.stderr:
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                self.lines.append({"event": "text", "text": line})
+            if self.lines[-1].get("event") == "listening":
+                self._listening.set()
+
+    def events(self) -> list[str]:
+        return [line.get("event") for line in self.lines]
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGTERM (drain), then the exit code; killed if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
