@@ -1,4 +1,4 @@
-"""The `streamlog` command line: append, read, info, dump, verify (DESIGN 10).
+"""The `streamlog` command line: append, read, info, dump, verify, repair (DESIGN 10).
 
 Strategy: one `argparse` subcommand per verb; each is registered by an `_add_NAME`
 function listed in `COMMANDS` and run by a `_run_NAME(args) -> exit code` function, so a
@@ -11,13 +11,10 @@ into exit codes and one-line messages:
     3    cannot reach or authenticate to a daemon (with the daemon client)
     130  interrupted (Ctrl-C);  141  the reader of stdout went away (`| head`)
 
-`append` and `read` go through the public API (`open_log`); `read` and `info` open the
-log read-only, which never modifies a file. `dump` and `verify` do not trust the index:
-they walk every segment frame by frame with the pure decoders of frame.py, scan.py and
-payload.py, so they work on a log whose writer was killed and on a damaged one.
-A bad spot followed by a valid frame anywhere later in its partition is corruption; a
-bad spot with nothing valid after it is a torn tail, which a writer truncates on its
-next open (DESIGN 4).
+`append` and `read` go through the public API (`open_log`); `read` opens the log
+read-only, which never modifies a file. `info`, `dump`, `verify` and `repair` live in
+check_cli.py: they judge the files with the same walker and decision table as an open
+(check.py, integrity.py), so no two commands disagree about the same bytes.
 """
 
 from __future__ import annotations
@@ -36,14 +33,9 @@ import sys
 import time
 
 from .config import LogConfig
-from . import layout
-from .errors import (CorruptFrame, CorruptionError, InvalidArgument, OffsetOutOfRange,
-                     ReadOnlyLog, StreamLogError, UnknownStream)
-from .frame import HEADER_BYTES, INCOMPLETE, MAGIC_BYTES, Frame, decode_frame, decode_header
+from .errors import (CorruptionError, InvalidArgument, OffsetOutOfRange, ReadOnlyLog,
+                     StreamLogError, UnknownStream)
 from .log import open_log, partition_for_key
-from .payload import columns_to_records, decode_columns
-from .records import RecordKind
-from .scan import StopReason, scan_buffer
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_DAEMON = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
@@ -54,8 +46,6 @@ APPEND_CHUNK_BYTES = 8 * 1024 * 1024
 APPEND_THREADS_MAX = 8
 # read --follow: how often the directory is re-opened to see other processes' appends.
 FOLLOW_INTERVAL_S = 0.2
-# dump / verify read segments in chunks of this size.
-SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 # Progress on a terminal: shown only for work that lasts, refreshed a few times a second.
 PROGRESS_DELAY_S = 1.0
 PROGRESS_EVERY_S = 0.25
@@ -253,74 +243,24 @@ def _add_read(subparsers) -> None:
     parser.set_defaults(run=_run_read)
 
 
-_INFO_EPILOG = """\
-Shows, per stream and partition: start and end offsets (the end is the next offset to be
-written), the time range (the first batch's smallest timestamp and the high-water mark,
-as ISO-8601 and microseconds), segments, bytes, and the state of the tail (clean, torn:
-a writer's last frame is incomplete, or corrupt: run `streamlog verify`).
-The log is opened read-only and no file is modified.
-
-examples:
-  streamlog info data/log
-  streamlog info data/log --json | jq '.streams.events.partitions[0].end_offset'
-"""
-
-
 def _add_info(subparsers) -> None:
-    parser = _subparser(subparsers, "info", "show the streams and partitions of a log",
-                        _INFO_EPILOG)
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    parser.set_defaults(run=_run_info)
-
-
-_DUMP_EPILOG = """\
-Reads every segment file directly, without the index, and prints each batch frame:
-segment file, position, base and last offset, record count, min and max timestamp,
-codec, flags, transaction id, payload bytes and whether its checksums hold. A bad spot
-is printed with its position and reason, and the dump goes on at the next valid frame.
-Works on a log whose writer was killed; never modifies a file.
-
-examples:
-  streamlog dump data/log
-  streamlog dump data/log --stream events --partition 0 --records
-  streamlog dump data/log --json | jq 'select(.checksum_ok == false)'
-"""
+    from .check_cli import add_info
+    add_info(subparsers)
 
 
 def _add_dump(subparsers) -> None:
-    parser = _subparser(subparsers, "dump", "print the frames of the segment files",
-                        _DUMP_EPILOG)
-    parser.add_argument("--stream", help="only this stream")
-    parser.add_argument("--partition", type=_nonnegative_int, metavar="P",
-                        help="only this partition")
-    parser.add_argument("--records", action="store_true", help="print every record too")
-    parser.add_argument("--json", action="store_true", help="one JSON object per frame")
-    parser.set_defaults(run=_run_dump)
-
-
-_VERIFY_EPILOG = """\
-Reads every frame of every segment of every partition, without the index, and checks
-checksums, offset continuity (within and across segments) and that every payload
-decodes. Never modifies a file; works on a log whose writer was killed.
-  corruption (a bad frame with valid data after it): reported with the segment path and
-      position on stderr, exit 1
-  torn tail (the last frame is incomplete or bad, nothing valid after it): a warning,
-      exit 0 (1 with --strict); the next writer truncates it
-A summary line goes to stdout at the end.
-
-examples:
-  streamlog verify data/log
-  streamlog verify data/log --strict && echo clean
-"""
+    from .check_cli import add_dump
+    add_dump(subparsers)
 
 
 def _add_verify(subparsers) -> None:
-    parser = _subparser(subparsers, "verify", "check every frame of every segment",
-                        _VERIFY_EPILOG)
-    parser.add_argument("--strict", action="store_true",
-                        help="a torn tail is an error too (exit 1)")
-    parser.add_argument("--json", action="store_true", help="a JSON summary instead of text")
-    parser.set_defaults(run=_run_verify)
+    from .check_cli import add_verify
+    add_verify(subparsers)
+
+
+def _add_repair(subparsers) -> None:
+    from .check_cli import add_repair
+    add_repair(subparsers)
 
 
 def _add_serve(subparsers) -> None:
@@ -329,7 +269,8 @@ def _add_serve(subparsers) -> None:
 
 
 # A new subcommand is one more `_add_NAME(subparsers)` here.
-COMMANDS = (_add_append, _add_read, _add_info, _add_dump, _add_verify, _add_serve)
+COMMANDS = (_add_append, _add_read, _add_info, _add_dump, _add_verify, _add_repair,
+            _add_serve)
 
 
 _MAIN_EPILOG = """\
@@ -636,7 +577,6 @@ def _run_read(args) -> int:
         while True:
             _read_pass(log, args, cursors, out)
             out.flush()
-            _check_corruption(log, args.stream, partitions)
             if not args.follow or all(c.finished for c in cursors):
                 return EXIT_OK
             log.close()
@@ -698,7 +638,12 @@ def _resolve_bounds(log, args, cursor: _Cursor, end: int) -> None:
         if args.to_offset is not None:
             cursor.stop_offset = args.to_offset
         elif args.to_timestamp is not None:
-            stop = log.offset_for_timestamp(stream, partition, args.to_timestamp)
+            try:
+                stop = log.offset_for_timestamp(stream, partition, args.to_timestamp)
+            except CorruptionError:
+                # The batch that reaches T is damaged: the stop is in it, so this pass
+                # reads up to it and the reader raises there, after every record before.
+                return
             cursor.stop_offset = stop if stop < end else None
 
 
@@ -710,425 +655,34 @@ def _read_partition(log, stream: str, cursor: _Cursor, limit: int, out, progress
     if start >= limit:
         return done
     lines = []
-    with log.reader(stream, cursor.partition, from_offset=start, to_offset=limit) as reader:
-        for record in reader.records():
-            item = {"stream": stream, "partition": record.partition, "offset": record.offset,
-                    "timestamp": record.timestamp_us}
-            _put_bytes(item, "key", record.key)
-            _put_bytes(item, "value", record.value)
-            lines.append(_json_line(item))
-            if len(lines) >= 1024:
-                out.write(b"".join(lines))
-                lines.clear()
-                progress.update(done + record.offset - start)
+    try:
+        with log.reader(stream, cursor.partition, from_offset=start,
+                        to_offset=limit) as reader:
+            for record in reader.records():
+                item = {"stream": stream, "partition": record.partition,
+                        "offset": record.offset, "timestamp": record.timestamp_us}
+                _put_bytes(item, "key", record.key)
+                _put_bytes(item, "value", record.value)
+                lines.append(_json_line(item))
+                if len(lines) >= 1024:
+                    out.write(b"".join(lines))
+                    lines.clear()
+                    progress.update(done + record.offset - start)
+    except CorruptionError:
+        _flush_before_error(out, lines)
+        raise
     out.write(b"".join(lines))
     cursor.next_offset = limit
     return done + limit - start
 
 
-def _check_corruption(log, stream: str, partitions: list[int]) -> None:
-    """A read-only open stops before corruption instead of raising: say so, exit 1."""
-    described = log.info()["streams"][stream]["partitions"]
-    for partition in partitions:
-        corruption = described[partition].get("recovery", {}).get("corruption")
-        if corruption:
-            raise DataError(f"{corruption}; records after it are not shown "
-                            f"(run 'streamlog verify')")
-
-
-# -- info ------------------------------------------------------------------------------
-
-def _run_info(args) -> int:
-    path = _existing_log(args.log)
-    with _open_readonly(path) as log:
-        described = log.info()
-    rows = []
-    for stream, found in described["streams"].items():
-        for part in found["partitions"]:
-            rows.append(_info_row(stream, part))
-    if args.json:
-        streams: dict = {}
-        for row in rows:
-            streams.setdefault(row.pop("stream"), {"partitions": []})["partitions"].append(row)
-        sys.stdout.write(json.dumps({"path": path, "streams": streams}) + "\n")
-    else:
-        sys.stdout.write(_info_table(path, rows))
-    return EXIT_OK
-
-
-def _info_row(stream: str, part: dict) -> dict:
-    recovery = part["recovery"]
-    return {"stream": stream, "partition": part["partition"],
-            "start_offset": part["start_offset"], "end_offset": part["end_offset"],
-            "min_timestamp_us": part["min_timestamp_us"],
-            "max_timestamp_us": part["max_timestamp_us"],
-            "min_time": format_timestamp(part["min_timestamp_us"]),
-            "max_time": format_timestamp(part["max_timestamp_us"]),
-            "segments": part["segments"], "bytes": part["bytes"],
-            "tail": recovery["tail"], "corruption": recovery["corruption"]}
-
-
-_INFO_COLUMNS = (("STREAM", "stream"), ("PART", "partition"), ("START", "start_offset"),
-                 ("END", "end_offset"), ("SEGMENTS", "segments"), ("BYTES", "bytes"),
-                 ("TAIL", "tail"), ("MIN TIME", "min_time"), ("MIN US", "min_timestamp_us"),
-                 ("MAX TIME", "max_time"), ("MAX US", "max_timestamp_us"))
-
-
-def _info_table(path: str, rows: list[dict]) -> str:
-    streams = len({row["stream"] for row in rows})
-    head = f"log {path}: {streams} stream{'s' if streams != 1 else ''}\n"
-    if not rows:
-        return head
-    cells = [[title for title, _ in _INFO_COLUMNS]]
-    cells += [["-" if row[name] is None else str(row[name]) for _, name in _INFO_COLUMNS]
-              for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_INFO_COLUMNS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-             for line in cells]
-    notes = [f"{row['stream']}/{row['partition']}: {row['corruption']}"
-             for row in rows if row["corruption"]]
-    return head + "\n".join(lines + notes) + "\n"
-
-
-# -- dump and verify: walking segments without the index -------------------------------
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BadSpot:
-    """Bytes at `position` of a segment that are not a whole valid frame. `header`
-    holds the decoded header fields when only the payload is wrong."""
-
-    position: int
-    reason: str
-    header: dict | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SegmentFile:
-    stream: str
-    partition: int
-    base_offset: int
-    path: str
-    size_bytes: int
-
-
-def walk_segment(handle: int, size: int, chunk_bytes: int = SCAN_CHUNK_BYTES):
-    """Yield every Frame (position within the file) and BadSpot of one segment, in
-    file order. After a bad spot the walk resumes at the next valid whole frame."""
-    position = 0
-    while position < size:
-        data = os.pread(handle, min(chunk_bytes, size - position), position)
-        if not data:
-            return  # the file shrank under us
-        result = scan_buffer(data, 0)
-        for frame in result.frames:
-            yield dataclasses.replace(frame, position=position + frame.position)
-        position += result.end
-        if result.stop is StopReason.END or (result.stop is StopReason.INCOMPLETE
-                                             and result.frames):
-            continue
-        if result.stop is StopReason.INCOMPLETE:  # a frame larger than a chunk, or cut
-            found = _decode_at(handle, size, position)
-            if isinstance(found, Frame):
-                yield found
-                position = found.end_position
-                continue
-            reason = found
-        else:
-            reason = result.reason
-        yield BadSpot(position, reason, _header_at(handle, position))
-        resumed = _resync(handle, size, position, chunk_bytes)
-        if resumed is None:
-            return
-        position = resumed
-
-
-def _decode_at(handle: int, size: int, position: int) -> Frame | str:
-    """The whole frame at `position` read on its own, or why there is none."""
-    head = os.pread(handle, HEADER_BYTES, position)
-    try:
-        fields = decode_header(head, 0)
-    except CorruptFrame as error:
-        return error.reason
-    if fields is INCOMPLETE:
-        return f"frame cut short: the file ends {size - position} bytes into its header"
-    total = HEADER_BYTES + fields[9]  # fields[9]: payload_bytes (frame.py's table)
-    if position + total > size:
-        return f"frame cut short: {size - position} of its {total} bytes are in the file"
-    try:
-        frame = decode_frame(os.pread(handle, total, position), 0)
-    except CorruptFrame as error:
-        return error.reason
-    if frame is INCOMPLETE:
-        return "frame cut short"
-    return dataclasses.replace(frame, position=position)
-
-
-def _header_at(handle: int, position: int) -> dict | None:
-    try:
-        fields = decode_header(os.pread(handle, HEADER_BYTES, position), 0)
-    except CorruptFrame:
-        return None
-    if fields is INCOMPLETE:
-        return None
-    return {"base_offset": fields[4], "last_offset": fields[4] + fields[8] - 1,
-            "count": fields[8], "min_timestamp_us": fields[5], "max_timestamp_us": fields[6],
-            "txn_id": fields[7], "flags": fields[2], "payload_bytes": fields[9]}
-
-
-def _resync(handle: int, size: int, position: int, chunk_bytes: int) -> int | None:
-    """Position of the first valid whole frame strictly after `position`, or None."""
-    search = position + 1
-    overlap = len(MAGIC_BYTES) - 1
-    while search < size:
-        data = os.pread(handle, min(chunk_bytes, size - search), search)
-        if not data:
-            return None
-        found = data.find(MAGIC_BYTES)
-        while found >= 0:
-            if isinstance(_decode_at(handle, size, search + found), Frame):
-                return search + found
-            found = data.find(MAGIC_BYTES, found + 1)
-        if search + len(data) >= size:
-            return None
-        search += max(len(data) - overlap, 1)
-    return None
-
-
-def payload_problem(frame: Frame) -> str | None:
-    """Why the payload of a checksummed frame does not decode, or None when it does."""
-    try:
-        columns = decode_columns(frame)
-    except CorruptFrame as error:
-        return error.reason
-    timestamps = columns.timestamps_us
-    if int(timestamps.min()) != frame.min_timestamp_us or (
-            int(timestamps.max()) != frame.max_timestamp_us):
-        return "timestamps disagree with the header's min and max"
-    if columns.kinds is not None and int(columns.kinds.max()) > max(RecordKind):
-        return "unknown record kind"
-    if columns.header_lengths is not None:
-        try:
-            for _ in columns_to_records(columns, 0, data_only=False):
-                pass
-        except CorruptFrame as error:
-            return error.reason
-    return None
-
-
-def log_segments(path: str, stream: str | None = None, partition: int | None = None):
-    """Yield (stream, partition, [SegmentFile]) for the partitions of a log directory,
-    in order, from the files alone. Raises UsageError for an unknown stream."""
-    root = layout.streams_dir(path)
-    names = sorted(n for n in (os.listdir(root) if os.path.isdir(root) else ())
-                   if os.path.exists(os.path.join(root, n, "stream.json")))
-    if stream is not None:
-        if stream not in names:
-            raise UsageError(f"no stream named {stream!r} in {path}")
-        names = [stream]
-    for name in names:
-        meta = os.path.join(layout.stream_dir(path, name), "stream.json")
-        try:
-            with open(meta, "rb") as handle:
-                count = int(json.loads(handle.read())["partitions"])
-        except (ValueError, KeyError, TypeError):
-            raise DataError(f"{meta} is damaged") from None
-        for number in range(count):
-            if partition is None or partition == number:
-                yield name, number, _segment_files(path, name, number)
-
-
-def _segment_files(path: str, stream: str, partition: int) -> list[SegmentFile]:
-    directory = layout.partition_dir(path, stream, partition)
-    if not os.path.isdir(directory):
-        return []
-    found = []
-    for name in sorted(os.listdir(directory)):
-        base = layout.parse_segment_name(name)
-        if base is not None:
-            file_path = os.path.join(directory, name)
-            found.append(SegmentFile(stream, partition, base, file_path,
-                                     os.path.getsize(file_path)))
-    return sorted(found, key=lambda s: s.base_offset)
-
-
-def _walk_file(segment: SegmentFile):
-    handle = os.open(segment.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        yield from walk_segment(handle, segment.size_bytes)
-    finally:
-        os.close(handle)
-
-
-# -- dump ------------------------------------------------------------------------------
-
-_CODECS = {0: "none", 1: "zstd"}
-
-
-def _run_dump(args) -> int:
-    path = _existing_log(_local_path(args.log, "dump"))
-    out = sys.stdout.buffer
-    for stream, partition, segments in log_segments(path, args.stream, args.partition):
-        for segment in segments:
-            if not args.json:
-                out.write(f"segment {segment.path} stream {stream} partition {partition} "
-                          f"base_offset {segment.base_offset} bytes {segment.size_bytes}\n"
-                          .encode())
-            for event in _walk_file(segment):
-                item = _dump_item(segment, event, args.records)
-                out.write(_json_line(item) if args.json else _dump_text(item))
+def _flush_before_error(out, lines: list[bytes]) -> None:
+    """The reader raised at a damaged frame (DESIGN 4: it delivers every record before
+    it, then raises naming segment and position): write and flush those records before
+    main() prints the one-line error, so stdout has all of them and stderr comes last."""
+    out.write(b"".join(lines))
+    lines.clear()
     out.flush()
-    return EXIT_OK
-
-
-def _dump_item(segment: SegmentFile, event, with_records: bool) -> dict:
-    item = {"segment": segment.path, "stream": segment.stream,
-            "partition": segment.partition, "position": event.position}
-    if isinstance(event, BadSpot):
-        item.update(event.header or {})
-        item.update({"checksum_ok": False, "error": event.reason})
-        return item
-    item.update({"base_offset": event.base_offset, "last_offset": event.next_offset - 1,
-                 "count": event.record_count, "min_timestamp_us": event.min_timestamp_us,
-                 "max_timestamp_us": event.max_timestamp_us,
-                 "codec": _CODECS.get(event.codec, str(event.codec)), "flags": event.flags,
-                 "control": event.has_control, "txn_id": event.txn_id,
-                 "payload_bytes": len(event.payload), "raw_bytes": event.raw_bytes,
-                 "checksum_ok": True})
-    problem = payload_problem(event)
-    if problem is not None:
-        item["error"] = problem
-    elif with_records:
-        item["records"] = [_dump_record(record) for record in columns_to_records(
-            decode_columns(event), segment.partition, data_only=False)]
-    return item
-
-
-def _dump_record(record) -> dict:
-    item = {"offset": record.offset, "timestamp": record.timestamp_us,
-            "kind": record.kind.name.lower()}
-    _put_bytes(item, "key", record.key)
-    _put_bytes(item, "value", record.value)
-    if record.headers:
-        item["headers"] = {name: base64.b64encode(value).decode("ascii")
-                           for name, value in record.headers}
-    if record.txn_id:
-        item["txn_id"] = record.txn_id
-    return item
-
-
-def _dump_text(item: dict) -> bytes:
-    skip = ("segment", "stream", "partition", "records")
-    parts = [_text_pair(name, value) for name, value in item.items() if name not in skip]
-    lines = ["  " + " ".join(parts)]
-    for record in item.get("records", ()):
-        lines.append("  | " + " ".join(_text_pair(n, v) for n, v in record.items()))
-    return ("\n".join(lines) + "\n").encode("utf-8")
-
-
-_QUOTED = frozenset({"key", "value", "key_b64", "value_b64", "headers", "error"})
-
-
-def _text_pair(name: str, value) -> str:
-    """`name: value`, with user data and messages as JSON so spaces cannot mislead."""
-    if name in _QUOTED:
-        return f"{name}: {json.dumps(value, ensure_ascii=False)}"
-    if isinstance(value, bool):
-        return f"{name}: {'true' if value else 'false'}"
-    return f"{name}: {'null' if value is None else value}"
-
-
-# -- verify ----------------------------------------------------------------------------
-
-@dataclasses.dataclass(slots=True)
-class Finding:
-    kind: str  # "corrupt" or "torn"
-    path: str
-    position: int
-    reason: str
-
-    def message(self) -> str:
-        if self.kind == "torn":
-            return (f"warning: torn tail in segment {self.path} at position {self.position}: "
-                    f"{self.reason} (a writer truncates it on its next open)")
-        return f"error: corruption in segment {self.path} at position {self.position}: " \
-               f"{self.reason}"
-
-
-@dataclasses.dataclass(slots=True)
-class VerifyCounts:
-    partitions: int = 0
-    segments: int = 0
-    frames: int = 0
-    records: int = 0
-    bytes: int = 0
-
-
-def _run_verify(args) -> int:
-    path = _existing_log(_local_path(args.log, "verify"))
-    plan = list(log_segments(path))
-    counts = VerifyCounts()
-    progress = Progress("verify", sum(s.size_bytes for _, _, ss in plan for s in ss), "bytes")
-    findings: list[Finding] = []
-    try:
-        for _, _, segments in plan:
-            counts.partitions += 1
-            findings += verify_partition(segments, counts, progress)
-    finally:
-        progress.finish()
-    for finding in findings:
-        sys.stderr.write(f"streamlog: {finding.message()}\n")
-    corrupt = sum(f.kind == "corrupt" for f in findings)
-    torn = sum(f.kind == "torn" for f in findings)
-    verdict = "corrupt" if corrupt else "torn tail" if torn else "ok"
-    if args.json:
-        summary = dataclasses.asdict(counts) | {
-            "streams": len({stream for stream, _, _ in plan}), "corrupt": corrupt,
-            "torn": torn, "result": verdict,
-            "findings": [dataclasses.asdict(f) for f in findings]}
-        sys.stdout.write(json.dumps(summary) + "\n")
-    else:
-        sys.stdout.write(f"verified {counts.partitions} partitions, {counts.segments} segments, "
-                         f"{counts.frames} frames, {counts.records} records, {counts.bytes} "
-                         f"bytes: {corrupt} corrupt, {torn} torn: {verdict}\n")
-    return EXIT_DATA if corrupt or (torn and args.strict) else EXIT_OK
-
-
-def verify_partition(segments: list[SegmentFile], counts: VerifyCounts,
-                     progress: Progress) -> list[Finding]:
-    """Check one partition's segments in order. A bad spot becomes corruption when a
-    valid frame follows it anywhere later in the partition, else it is the torn tail."""
-    findings: list[Finding] = []
-    pending: list[Finding] = []  # bad spots with no valid frame after them yet
-    expected = None  # the base offset the next frame must have
-    for segment in segments:
-        counts.segments += 1
-        if expected is not None and not pending and segment.base_offset != expected:
-            findings.append(Finding("corrupt", segment.path, 0,
-                                    f"segment starts at offset {segment.base_offset}, "
-                                    f"expected {expected}"))
-        expected = segment.base_offset if not pending else None
-        for event in _walk_file(segment):
-            if isinstance(event, BadSpot):
-                pending.append(Finding("torn", segment.path, event.position, event.reason))
-                continue
-            if pending:  # valid data after a bad spot: corruption, and a gap is expected
-                findings += [dataclasses.replace(f, kind="corrupt") for f in pending]
-                pending, expected = [], None
-            problem = _frame_problem(event, expected)
-            if problem is not None:
-                findings.append(Finding("corrupt", segment.path, event.position, problem))
-            expected = event.next_offset
-            counts.frames += 1
-            counts.records += event.record_count
-            counts.bytes += event.size
-            progress.update(counts.bytes)
-    return findings + pending
-
-
-def _frame_problem(frame: Frame, expected: int | None) -> str | None:
-    if expected is not None and frame.base_offset != expected:
-        return f"frame has base offset {frame.base_offset}, expected {expected}"
-    return payload_problem(frame)
 
 
 # -- main ------------------------------------------------------------------------------
@@ -1189,4 +743,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m streamlog.cli`: run the imported module's main, so check_cli and this
+    # command share one set of classes (this file would otherwise be loaded twice).
+    from streamlog.cli import main as _main
+    sys.exit(_main())

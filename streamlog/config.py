@@ -60,6 +60,10 @@ class LogConfig:
     partitions_max: int = 4096
     # LMDB address space per partition index (sparse; not allocated up front).
     index_map_bytes: int = 1 << 30
+    # Background re-verification of sealed segments by a writable log (scrub.py): read
+    # at most this many bytes per second; None: off (the daemon turns it on).
+    scrub_bytes_per_s: int | None = None
+    scrub_interval_s: float = 3600.0
 
     def validate(self) -> "LogConfig":
         """Return a copy with enums normalised, or raise InvalidArgument naming the option."""
@@ -90,6 +94,13 @@ class LogConfig:
             value = getattr(self, name)
             if value is not None and (not check(value) or value <= 0):
                 raise InvalidArgument(f"{name} must be positive or None (got {value!r})")
+        if self.scrub_bytes_per_s is not None and (
+                not _is_int(self.scrub_bytes_per_s) or self.scrub_bytes_per_s <= 0):
+            raise InvalidArgument(f"scrub_bytes_per_s must be a positive integer or None "
+                                  f"(got {self.scrub_bytes_per_s!r})")
+        if not _is_number(self.scrub_interval_s) or self.scrub_interval_s < 0:
+            raise InvalidArgument(f"scrub_interval_s must be a number of seconds >= 0 "
+                                  f"(got {self.scrub_interval_s!r})")
         if self.record_bytes_max > self.frame_bytes_max // 2:
             raise InvalidArgument("record_bytes_max must be at most half of frame_bytes_max")
         if self.segment_bytes_max < 4096:

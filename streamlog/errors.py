@@ -4,7 +4,8 @@ Strategy: one root, `StreamLogError`, so callers can catch everything the log ra
 on purpose. Conditions that come from bytes on disk are `CorruptionError`s and carry
 where they were found; conditions that come from the caller are `InvalidArgument`
 (a `ValueError` too, so plain Python code that expects one still works). A torn tail
-is not an error: it is an outcome of recovery (`TailState.TORN`), counted and logged.
+is not an error: it is an outcome of recovery (`integrity.Verdict.TORN_TAIL`), counted and
+logged.
 """
 
 from __future__ import annotations

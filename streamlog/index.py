@@ -1,15 +1,33 @@
 """The partition index in LMDB: a cache of the segments, rebuilt from them when in doubt.
 
-Strategy: three named databases in one LMDB environment per partition.
+Strategy: five named databases in one LMDB environment per partition.
 
     offsets  key u64 BE base_offset       -> IndexEntry (one entry per batch frame)
     times    key u64 BE (hwm + 2**63)     -> u64 BE base_offset of the first batch whose
                                              running-max timestamp reaches that hwm; an
                                              entry is added only when the running max grows
-    meta     key ascii                    -> value bytes (recovery point, last commit
-                                             marker per tag as "commit:TAG")
-    txns     key u64 BE txn_id            -> u8 state + u64 first offset (txn.py)
+    meta     key ascii                    -> value bytes (format, recovery point, last
+                                             commit marker per tag as "commit:TAG")
+    txns     key u64 BE txn_id            -> u8 state + u64 first offset + u64 marker
+                                             offset (txn.py)
     open     key u64 BE txn_id            -> u64 first offset, for transactions still open
+
+The index is untrusted input (DESIGN 4). Every stored value ends with an xxh3_64 of its
+key and value, so a flipped bit in a key or a value reads as damage, never as a
+different answer; every LMDB or decoding failure is raised as `CorruptIndex`, never as
+a raw library error; the partition rebuilds the index from the segments when it sees
+one. What a checksum cannot catch (a lost record, an entry that points at the wrong
+frame) the callers catch by checking entries against the segments before acting on
+them. An index written by an older format has no checksums and is rebuilt.
+
+LMDB checks nothing itself, and a damaged page can make it raise, return a wrong record
+or even crash the process (seen: SIGBUS and assertion aborts in a sweep of single-bit
+flips over page headers). So a writer that closes cleanly seals the index: `index.seal`
+beside it holds the size and xxh3_64 of `data.mdb` (seal.py's format). An open that
+finds a seal hashes the file before LMDB reads a byte of it (a few ms per MiB of index)
+and rebuilds the index when it does not match; a writable open removes the seal before
+it changes anything. An index without a seal (the writer was killed, or is alive in
+another process) is used as it is, with the checks above.
 
 Big-endian fixed-width keys make byte order numeric order, so `set_range` is a seek.
 The environment is opened with sync off: the segments are the truth, and recovery
@@ -25,13 +43,18 @@ thread (LMDB read transactions are per call).
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import struct
+import time
 from typing import NamedTuple
 
 import lmdb
+import xxhash
 
 from .errors import CorruptIndex
+from .fileio import OsFileIO, write_file_atomic
+from .seal import SealDamaged, decode_seal, encode_seal, hash_file
 
 _KEY = struct.Struct(">Q")
 _ENTRY = struct.Struct("<QQIIqqq")
@@ -42,6 +65,38 @@ _HWM_BIAS = 1 << 63
 NO_HWM = -(1 << 63)
 assert _ENTRY.size == 48
 assert _RECOVERY.size == 32
+_SUM = struct.Struct("<Q")
+FORMAT = b"2"  # 2: every value carries a checksum of its key and value
+
+
+def _seal(key: bytes, value: bytes) -> bytes:
+    """A stored value: the value, then xxh3_64 of key and value."""
+    return value + _SUM.pack(xxhash.xxh3_64_intdigest(key + value))
+
+
+def _open(key: bytes, stored, size: int | None = None) -> bytes:
+    """The value of a stored value, checked; raises CorruptIndex when damaged."""
+    stored = bytes(stored)
+    if len(stored) < _SUM.size or (size is not None and len(stored) != size + _SUM.size):
+        raise CorruptIndex(f"index value of key {key.hex()} has a wrong length")
+    value = stored[:-_SUM.size]
+    if _SUM.unpack(stored[-_SUM.size:])[0] != xxhash.xxh3_64_intdigest(key + value):
+        raise CorruptIndex(f"index value of key {key.hex()} fails its checksum")
+    return value
+
+
+def _guard(method):
+    """Turn any failure of LMDB or of decoding its bytes into CorruptIndex."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except CorruptIndex:
+            raise
+        except (lmdb.Error, struct.error, ValueError, OverflowError, TypeError) as error:
+            raise CorruptIndex(f"index {self.path} cannot be read: "
+                               f"{type(error).__name__}: {error}") from None
+    return guarded
 
 
 class IndexEntry(NamedTuple):
@@ -72,8 +127,21 @@ def _time_key(hwm_us: int) -> bytes:
     return _KEY.pack(hwm_us + _HWM_BIAS)
 
 
-def _entry(base_offset: int, value: bytes) -> IndexEntry:
-    return IndexEntry(base_offset, *_ENTRY.unpack(value))
+def _time_value(key: bytes, stored) -> int:
+    return _KEY.unpack(_open(key, stored, _KEY.size))[0]
+
+
+def _entry_item(entry: IndexEntry) -> tuple[bytes, bytes]:
+    key = _KEY.pack(entry.base_offset)
+    return key, _seal(key, _ENTRY.pack(*entry[1:]))
+
+
+def _entry(key: bytes, stored) -> IndexEntry:
+    (base_offset,) = _KEY.unpack(key)
+    entry = IndexEntry(base_offset, *_ENTRY.unpack(_open(key, stored, _ENTRY.size)))
+    if entry.record_count < 1 or entry.frame_bytes < 1 or entry.position < 0:
+        raise CorruptIndex(f"index entry for offset {base_offset} is impossible")
+    return entry
 
 
 class Index:
@@ -89,10 +157,12 @@ class Index:
         # Read-only: stored entries from this offset on are hidden (a live writer may be
         # ahead of what this open scanned); the overlay stands in for them.
         self._hidden_from: int | None = None
+        self._sealed = False  # a writable open's seal still on disk (see _write)
         self.reopened_txns: list[int] = []
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
+        self._check_seal()
         try:
             self._env = lmdb.open(path, map_size=map_bytes, max_dbs=6, subdir=True,
                                   readonly=readonly, lock=not readonly, sync=False,
@@ -102,15 +172,61 @@ class Index:
             self._meta = self._env.open_db(b"meta", create=not readonly)
             self._txns = self._env.open_db(b"txns", create=not readonly)
             self._open = self._env.open_db(b"open", create=not readonly)
-        except lmdb.Error as error:
+            self._check_format()
+            self.last_entry = self._last_stored()
+        except (lmdb.Error, CorruptIndex, struct.error, ValueError) as error:
             if self._env is not None:
                 self._env.close()
                 self._env = None
             raise CorruptIndex(f"cannot open index {path}: {error}") from None
-        self.last_entry = self._last_stored()
+
+    @property
+    def seal_path(self) -> str:
+        return self.path + ".seal"
+
+    def _check_seal(self) -> None:
+        """Compare data.mdb with the seal a clean close left (see the docstring);
+        raises CorruptIndex when they differ. A writable open removes the seal."""
+        data_path = os.path.join(self.path, "data.mdb")
+        if not os.path.exists(self.seal_path) or not os.path.exists(data_path):
+            return  # no seal; or no index at all, which a writer creates (and reseals)
+        try:
+            with open(self.seal_path, "rb") as handle:
+                seal = decode_seal(handle.read())
+            if isinstance(seal, SealDamaged):
+                raise CorruptIndex(f"index seal {self.seal_path} is damaged: {seal.reason}")
+            size = os.path.getsize(data_path)
+            if size != seal.size_bytes or hash_file(OsFileIO(), data_path, size) != seal.digest:
+                raise CorruptIndex(f"index {data_path} does not match its seal (it changed "
+                                   f"after a clean close)")
+        except OSError as error:
+            raise CorruptIndex(f"cannot check index {data_path}: {error}") from None
+        self._sealed = not self.readonly  # removed before the first write (_write)
+
+    def _write(self):
+        """A write transaction; the first one removes the seal (the file changes)."""
+        if self._sealed:
+            os.unlink(self.seal_path)
+            OsFileIO().fsync_dir(os.path.dirname(self.seal_path))
+            self._sealed = False
+        return self._env.begin(write=True)
+
+    def _check_format(self) -> None:
+        with self._env.begin() as txn:
+            stored = txn.get(b"format", db=self._meta)
+            if stored is not None:
+                if _open(b"format", stored) != FORMAT:
+                    raise CorruptIndex("index written by another format version")
+                return
+            if txn.stat(self._offsets)["entries"] or txn.stat(self._meta)["entries"]:
+                raise CorruptIndex("index written by another format version")
+        if not self.readonly:
+            with self._write() as txn:
+                txn.put(b"format", _seal(b"format", FORMAT), db=self._meta)
 
     # -- writes (writer thread only) ------------------------------------------------
 
+    @_guard
     def put(self, entries: list[IndexEntry], recovery: RecoveryPoint | None = None,
             events=()) -> None:
         """Add batch entries (in offset order, after every existing one), transaction
@@ -137,15 +253,16 @@ class Index:
                 if tag:
                     self._overlay_commits[tag] = marker
         else:
-            with self._env.begin(write=True) as txn:
+            with self._write() as txn:
                 cursor = txn.cursor(self._offsets)
-                cursor.putmulti([(_KEY.pack(e.base_offset), _ENTRY.pack(*e[1:]))
-                                 for e in entries], append=True)
+                cursor.putmulti([_entry_item(e) for e in entries], append=True)
                 time_cursor = txn.cursor(self._times)
-                time_cursor.putmulti([(_time_key(h), _KEY.pack(b)) for h, b in times],
+                time_cursor.putmulti([(k, _seal(k, _KEY.pack(b)))
+                                      for k, b in ((_time_key(h), b) for h, b in times)],
                                      append=True)
                 if recovery is not None:
-                    txn.put(b"recovery", _RECOVERY.pack(*recovery), db=self._meta)
+                    txn.put(b"recovery", _seal(b"recovery", _RECOVERY.pack(*recovery)),
+                            db=self._meta)
                 for txn_id, state, first, tag, marker in events:
                     self._apply_event(txn, txn_id, state, first, tag, marker)
         if entries:
@@ -156,34 +273,61 @@ class Index:
         known = txn.get(key, db=self._txns)
         if state == 1:  # OPEN: only the first data frame of a transaction opens it
             if known is None:
-                txn.put(key, _TXN.pack(state, offset, 0), db=self._txns)
-                txn.put(key, _KEY.pack(offset), db=self._open)
+                self._put_txn(txn, key, state, offset, 0)
             return
-        first = _TXN.unpack(known)[1] if known is not None else offset
-        txn.put(key, _TXN.pack(state, first, offset), db=self._txns)
-        txn.delete(key, db=self._open)
+        first = _TXN.unpack(_open(key, known, _TXN.size))[1] if known is not None else offset
+        self._put_txn(txn, key, state, first, offset)
         if tag:
-            txn.put(b"commit:" + tag.encode(), marker, db=self._meta)
+            meta_key = b"commit:" + tag.encode()
+            txn.put(meta_key, _seal(meta_key, bytes(marker)), db=self._meta)
+
+    def _put_txn(self, txn, key: bytes, state: int, first: int, marker_at: int) -> None:
+        txn.put(key, _seal(key, _TXN.pack(state, first, marker_at)), db=self._txns)
+        if state == 1:
+            txn.put(key, _seal(key, _KEY.pack(first)), db=self._open)
+        else:
+            txn.delete(key, db=self._open)
+
+    @_guard
+    def put_txn_state(self, txn_id: int, state: int, first: int, marker_at: int) -> None:
+        """Record a transaction state re-derived from the segments (writer thread)."""
+        if self._env is None or self.readonly:
+            self._overlay_txns[txn_id] = (state, first, marker_at)
+            return
+        with self._write() as txn:
+            self._put_txn(txn, _KEY.pack(txn_id), state, first, marker_at)
 
     def txn_state(self, txn_id: int) -> tuple[int, int, int] | None:
         """(state, first offset, marker offset) of a transaction, or None when unknown."""
         found = self._overlay_txns.get(txn_id)
         return found if found is not None else self._stored_txn(txn_id)
 
+    @_guard
     def _stored_txn(self, txn_id: int):
         if self._env is None:
             return None
+        key = _KEY.pack(txn_id)
         with self._env.begin() as txn:
-            value = txn.get(_KEY.pack(txn_id), db=self._txns)
-        return _TXN.unpack(value) if value else None
+            value = txn.get(key, db=self._txns)
+            if value is None:
+                return None
+            found = _TXN.unpack(_open(key, value, _TXN.size))
+        if found[0] not in (1, 2, 3):
+            raise CorruptIndex(f"transaction {txn_id} has an impossible state")
+        if self._hidden_from is not None and found[1] >= self._hidden_from:
+            return None
+        return found
 
+    @_guard
     def open_txns(self) -> dict[int, int]:
         """{txn_id: first offset} of transactions with no commit or abort yet."""
         out = {}
         if self._env is not None:
             with self._env.begin() as txn:
-                out = {_KEY.unpack(k)[0]: _KEY.unpack(v)[0]
-                       for k, v in txn.cursor(self._open)}
+                for key, value in txn.cursor(self._open):
+                    (first,) = _KEY.unpack(_open(key, value, _KEY.size))
+                    if self._hidden_from is None or first < self._hidden_from:
+                        out[_KEY.unpack(key)[0]] = first
         for txn_id, (state, first, _) in self._overlay_txns.items():
             if state == 1:
                 out[txn_id] = first
@@ -196,24 +340,42 @@ class Index:
             return self._overlay_commits[tag]
         return self._get_meta(b"commit:" + tag.encode())
 
+    @_guard
+    def check_txns(self) -> None:
+        """Read every cached transaction state; raises CorruptIndex on any damage.
+        Runs at a writable open before any marker could be written from them."""
+        if self._env is None:
+            return
+        with self._env.begin() as txn:
+            for db, size in ((self._txns, _TXN.size), (self._open, _KEY.size)):
+                for key, value in txn.cursor(db):
+                    if len(key) != _KEY.size:
+                        raise CorruptIndex("transaction key of a wrong length")
+                    _open(key, value, size)
+
     def _overlay_put(self, entries, times) -> None:
         self._overlay.extend(entries)
         self._overlay_bases.extend(e.base_offset for e in entries)
         self._overlay_times.extend(times)
 
+    @_guard
     def set_meta(self, name: str, value: bytes) -> None:
         if self._env is None or self.readonly:
             return
-        with self._env.begin(write=True) as txn:
-            txn.put(name.encode(), value, db=self._meta)
+        key = name.encode()
+        with self._write() as txn:
+            txn.put(key, _seal(key, value), db=self._meta)
 
     def set_recovery_point(self, point: RecoveryPoint) -> None:
         self.put([], point)
 
+    @_guard
     def drop_from(self, offset: int) -> None:
         """Forget every batch whose base offset is >= offset (and their time entries)."""
+        if self._nothing_from(offset):
+            return
         if self._env is not None and not self.readonly:
-            with self._env.begin(write=True) as txn:
+            with self._write() as txn:
                 cursor = txn.cursor(self._offsets)
                 if cursor.set_range(_KEY.pack(offset)):
                     while cursor.delete():
@@ -229,26 +391,40 @@ class Index:
         self._overlay_times = [(h, b) for h, b in self._overlay_times if b < offset]
         self.last_entry = self._overlay[-1] if self._overlay else self._last_stored()
 
+    def _nothing_from(self, offset: int) -> bool:
+        """No entry and no transaction reaches `offset` (a writable open of a cleanly
+        closed log changes nothing, so a refused open leaves the files as they were)."""
+        if self._env is None or self.readonly or self._overlay:
+            return False
+        if self.last_entry is not None and self.last_entry.next_offset > offset:
+            return False
+        with self._env.begin() as txn:
+            for _, value in txn.cursor(self._txns):
+                key_state = _TXN.unpack(_open(_, value, _TXN.size))
+                if key_state[1] >= offset or key_state[2] >= offset:
+                    return False
+        return True
+
     def _drop_txns_from(self, txn, offset: int) -> list[int]:
         """Forget transactions that start at or after `offset`; reopen those whose
         marker is cut off. Returns the reopened ids (the caller aborts them)."""
         reopened = []
         for key, value in list(txn.cursor(self._txns)):
-            state, first, marker_at = _TXN.unpack(value)
+            state, first, marker_at = _TXN.unpack(_open(key, value, _TXN.size))
             if first >= offset:
                 txn.delete(key, db=self._txns)
                 txn.delete(key, db=self._open)
             elif state != 1 and marker_at >= offset:
-                txn.put(key, _TXN.pack(1, first, 0), db=self._txns)
-                txn.put(key, _KEY.pack(first), db=self._open)
+                self._put_txn(txn, key, 1, first, 0)
                 reopened.append(_KEY.unpack(key)[0])
         return reopened
 
+    @_guard
     def drop_before(self, offset: int) -> None:
         """Forget batches that start before `offset` (retention removed their segment)."""
         if self._env is None or self.readonly:
             return
-        with self._env.begin(write=True) as txn:
+        with self._write() as txn:
             cursor = txn.cursor(self._offsets)
             if cursor.first():
                 while cursor.key() and _KEY.unpack(cursor.key())[0] < offset:
@@ -256,22 +432,24 @@ class Index:
                         break
             cursor = txn.cursor(self._times)
             # hwm grows with the offset, so the doomed entries are the first ones
-            while cursor.first() and _KEY.unpack(cursor.value())[0] < offset:
+            while cursor.first() and _time_value(cursor.key(), cursor.value()) < offset:
                 cursor.delete()
         self.last_entry = self._overlay[-1] if self._overlay else self._last_stored()
 
     def _drop_times_from(self, txn, offset: int) -> None:
         cursor = txn.cursor(self._times)
         # hwm grows with the offset, so the doomed entries are the last ones
-        while cursor.last() and _KEY.unpack(cursor.value())[0] >= offset:
+        while cursor.last() and _time_value(cursor.key(), cursor.value()) >= offset:
             cursor.delete()
 
+    @_guard
     def clear(self) -> None:
         """Forget everything (before a rebuild from the segments)."""
         if self._env is not None and not self.readonly:
-            with self._env.begin(write=True) as txn:
+            with self._write() as txn:
                 for db in (self._offsets, self._times, self._meta, self._txns, self._open):
                     txn.drop(db, delete=False)
+                txn.put(b"format", _seal(b"format", FORMAT), db=self._meta)
         self._overlay, self._overlay_bases, self._overlay_times = [], [], []
         self._overlay_txns, self._overlay_commits = {}, {}
         if self._env is not None and self.readonly:
@@ -282,17 +460,26 @@ class Index:
 
     def recovery_point(self) -> RecoveryPoint | None:
         value = self._get_meta(b"recovery")
-        return RecoveryPoint(*_RECOVERY.unpack(value)) if value else None
+        if value is None:
+            return None
+        point = RecoveryPoint(*_RECOVERY.unpack(value)) if len(value) == _RECOVERY.size \
+            else None
+        if point is None or point.position < 0 or point.next_offset < point.segment_base:
+            raise CorruptIndex(f"index {self.path} has an impossible recovery point")
+        return point
 
     def get_meta(self, name: str) -> bytes | None:
         return self._get_meta(name.encode())
 
+    @_guard
     def _get_meta(self, key: bytes) -> bytes | None:
         if self._env is None:
             return None
         with self._env.begin() as txn:
-            return txn.get(key, db=self._meta)
+            stored = txn.get(key, db=self._meta)
+            return None if stored is None else _open(key, stored)
 
+    @_guard
     def lookup_offset(self, offset: int) -> IndexEntry | None:
         """The batch that holds `offset`, or the last batch before it."""
         if self._overlay_bases and offset >= self._overlay_bases[0]:
@@ -308,13 +495,14 @@ class Index:
             key = _KEY.pack(offset)
             if cursor.set_range(key):
                 if cursor.key() == key:
-                    return _entry(offset, cursor.value())
+                    return _entry(key, cursor.value())
                 if not cursor.prev():
                     return None
             elif not cursor.last():
                 return None
-            return _entry(_KEY.unpack(cursor.key())[0], cursor.value())
+            return _entry(cursor.key(), cursor.value())
 
+    @_guard
     def lookup_time(self, timestamp_us: int) -> IndexEntry | None:
         """The first batch whose running-max timestamp reaches `timestamp_us`, or None."""
         base = None
@@ -322,7 +510,7 @@ class Index:
             with self._env.begin() as txn:
                 cursor = txn.cursor(self._times)
                 if cursor.set_range(_time_key(timestamp_us)):
-                    base = _KEY.unpack(cursor.value())[0]
+                    base = _time_value(cursor.key(), cursor.value())
                     if self._hidden_from is not None and base >= self._hidden_from:
                         base = None
         if base is None and self._overlay_times:
@@ -331,22 +519,16 @@ class Index:
                 base = self._overlay_times[at][1]
         return None if base is None else self.lookup_offset(base)
 
+    @_guard
     def first_entry(self) -> IndexEntry | None:
         if self._env is not None:
             with self._env.begin() as txn:
                 cursor = txn.cursor(self._offsets)
                 if cursor.first():
-                    entry = _entry(_KEY.unpack(cursor.key())[0], cursor.value())
+                    entry = _entry(cursor.key(), cursor.value())
                     if self._hidden_from is None or entry.base_offset < self._hidden_from:
                         return entry
         return self._overlay[0] if self._overlay else None
-
-    def count(self) -> int:
-        stored = 0
-        if self._env is not None:
-            with self._env.begin() as txn:
-                stored = txn.stat(self._offsets)["entries"]
-        return stored + len(self._overlay)
 
     def _last_stored(self) -> IndexEntry | None:
         if self._env is None:
@@ -356,14 +538,28 @@ class Index:
         with self._env.begin() as txn:
             cursor = txn.cursor(self._offsets)
             if cursor.last():
-                return _entry(_KEY.unpack(cursor.key())[0], cursor.value())
+                return _entry(cursor.key(), cursor.value())
         return None
 
+    @_guard
     def sync(self) -> None:
         if self._env is not None and not self.readonly:
             self._env.sync(True)
 
-    def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+    def close(self, *, seal: bool = False) -> None:
+        """Close; `seal` (a writer's clean close) syncs and seals the file."""
+        if self._env is None:
+            return
+        if seal and not self.readonly:
+            try:
+                self._env.sync(True)
+            except lmdb.Error:
+                seal = False
+        self._env.close()
+        self._env = None
+        if seal and not self.readonly:
+            data_path = os.path.join(self.path, "data.mdb")
+            size = os.path.getsize(data_path)
+            write_file_atomic(OsFileIO(), self.seal_path, encode_seal(
+                size_bytes=size, digest=hash_file(OsFileIO(), data_path, size),
+                sealed_at_us=time.time_ns() // 1000))

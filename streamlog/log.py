@@ -24,12 +24,13 @@ import xxhash
 from . import layout
 from .appender import Piece
 from .config import LogConfig
-from .errors import (InvalidAppend, InvalidArgument, LogClosed, LogLocked, ReadOnlyLog,
-                     StreamLogError, UnknownStream)
+from .errors import (CorruptIndex, InvalidAppend, InvalidArgument, LogClosed, LogLocked,
+                     ReadOnlyLog, StreamLogError, UnknownStream)
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .partition import Partition
 from . import txn as txn_module
 from .reader import Reader
+from .scrub import read_scrub_status
 from . import validate
 from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN, as_bytes as _as_bytes
 from .validate import len_or_zero as _len_or_zero
@@ -84,6 +85,7 @@ class Log:
         self._round_robin: dict[str, int] = {}
         self._streams: dict[str, list[Partition]] = {}
         self.closed = False
+        self.scrubber = None
         self._prepare_directory(create)
         try:
             for name in self._stream_names():
@@ -92,6 +94,29 @@ class Log:
             self._close_partitions()
             self._release_lock()
             raise
+        if not readonly and config.scrub_bytes_per_s is not None:
+            self.start_scrubber()
+
+    def start_scrubber(self, *, bytes_per_s: int | None = None, on_result=None):
+        """Re-verify sealed segments in the background (scrub.py) at `bytes_per_s` (or
+        the configured rate), recording each partition's result for `streamlog info`.
+        Returns the Scrubber; close() stops it."""
+        from .scrub import Scrubber
+        assert self.scrubber is None
+        rate = bytes_per_s or self.config.scrub_bytes_per_s or 32 * 1024 * 1024
+        self.scrubber = Scrubber(self.fileio, self._sealed_segments, bytes_per_s=rate,
+                                 interval_s=self.config.scrub_interval_s,
+                                 on_result=on_result)
+        self.scrubber.start()
+        return self.scrubber
+
+    def _sealed_segments(self):
+        """(partition name, directory, path) of every segment that is not active."""
+        out = []
+        for stream in self.streams():
+            for part in self._partitions(stream):
+                out += [(part.name, part.directory, s.path) for s in part.segments[:-1]]
+        return out
 
     # -- directory, lock, streams ---------------------------------------------------
 
@@ -120,15 +145,8 @@ class Log:
             self._take_lock()
 
     def _take_lock(self) -> None:
-        if self._lock_handle is not None:
-            return
-        handle = open(os.path.join(self.path, "LOCK"), "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise LogLocked(f"{self.path} is open for writing by another process") from None
-        self._lock_handle = handle
+        if self._lock_handle is None:
+            self._lock_handle = take_writer_lock(self.path)
 
     def _release_lock(self) -> None:
         if self._lock_handle is not None:
@@ -386,8 +404,7 @@ class Log:
     def last_stable_offset(self, stream: str, partition: int = 0) -> int:
         """First offset of the oldest open transaction, or the end: a read_committed
         reader delivers nothing at or past it until that transaction ends."""
-        part = self.partition(stream, partition)
-        return min(part.index.open_txns().values(), default=part.next_offset)
+        return self.partition(stream, partition).last_stable_offset()
 
     def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
         """Marker of the latest commit made with `tag` in the partition, or None."""
@@ -425,14 +442,18 @@ class Log:
         for stream in self.streams():
             parts = []
             for part in self._partitions(stream):
-                first = part.index.first_entry()
+                try:
+                    first = part.index.first_entry()
+                except CorruptIndex:  # info reports; the next open rebuilds the index
+                    first = None
                 parts.append({
                     "partition": part.number, "start_offset": part.start_offset,
                     "end_offset": part.next_offset, "segments": len(part.segments),
                     "bytes": part.size_bytes(),
                     "min_timestamp_us": first.min_timestamp_us if first else None,
                     "max_timestamp_us": part.hwm_us,
-                    "recovery": part.report.as_dict()})
+                    "recovery": part.report.as_dict(),
+                    "verified": read_scrub_status(self.fileio, part.directory)})
             out["streams"][stream] = {"partitions": parts}
         return out
 
@@ -445,6 +466,8 @@ class Log:
         with self._lock:
             if self.closed:
                 return
+            if self.scrubber is not None:
+                self.scrubber.stop()
             self._close_partitions()
             self.closed = True
             self._release_lock()
@@ -469,6 +492,18 @@ class Log:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+def take_writer_lock(path: str):
+    """Take the log's writer lock (flock on LOG/LOCK); returns the open file, whose
+    close releases it. Raises LogLocked when another process holds it."""
+    handle = open(os.path.join(path, "LOCK"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise LogLocked(f"{path} is open for writing by another process") from None
+    return handle
 
 
 def partition_for_key(key: bytes, count: int) -> int:

@@ -12,9 +12,12 @@ States: OPEN, FAILED (a write or fsync failed; appends refused until reopened), 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -23,10 +26,13 @@ from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
 from .txn import TxnState
 from .config import LogConfig
-from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange, ReadOnlyLog)
-from .frame import INCOMPLETE, Frame, decode_frame, encode_frame
+from . import recovery as recovery_module
+from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
+                     ReadOnlyLog)
+from .frame import HEADER_BYTES, INCOMPLETE, decode_header, encode_frame
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
+from .seal import SEAL_SUFFIX
 from .payload import Columns, decode_columns, encode_payload, running_max
 from .recovery import RecoveryReport, recover
 from .scan import StopReason, scan_buffer
@@ -34,6 +40,7 @@ from .segment import Segment
 from .tail import TailRing
 
 INTENT_NAME = "truncate.intent"
+log = logging.getLogger("streamlog.partition")
 
 
 class Partition:
@@ -52,21 +59,21 @@ class Partition:
         if not readonly:
             fileio.makedirs(directory)
             self._clean_leftovers()
+        self._index_problem: str | None = None
         self.index = self._open_index()
         self.segments: list[Segment] = self._open_segments()
         self.report = RecoveryReport()
         self.next_offset, self.hwm_us, self.active_position = 0, None, 0
+        # Read-only: (offset, CorruptSegment) where acknowledged data is damaged; a
+        # reader that reaches the offset raises the error.
+        self.damage: tuple[int, object] | None = None
         try:
             if not readonly:
                 self._finish_intent()
             else:
                 self._view_intent()
             if self.segments:
-                state, self.report = recover(self.segments, self.index, writable=not readonly,
-                                             chunk_bytes=config.read_chunk_bytes,
-                                             progress=progress)
-                self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
-                self.active_position = state.end_position
+                self._recover(progress)
         except BaseException:
             self._close_files()
             raise
@@ -81,41 +88,132 @@ class Partition:
         if not readonly:
             self._abort_orphans()
 
+    def _recover(self, progress) -> None:
+        """Run recovery; an index that fails even while being rebuilt is recreated."""
+        try:
+            state, self.report = recover(self.segments, self.index, writable=not self.readonly,
+                                         chunk_bytes=self.config.read_chunk_bytes,
+                                         progress=progress)
+        except CorruptIndex as error:
+            self._index_problem = str(error)
+            log.warning("%s: rebuilding it from the segments", error)
+            self.index.close()
+            self.index = self._fresh_index()
+            state, self.report = recover(self.segments, self.index, writable=not self.readonly,
+                                         chunk_bytes=self.config.read_chunk_bytes,
+                                         progress=progress)
+        if self._index_problem is not None:
+            self.report.rebuilt_index = True
+            self.report.index_problem = self.report.index_problem or self._index_problem
+        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
+        self.active_position = state.end_position
+        self.damage = state.damage
+
     def _abort_orphans(self) -> None:
-        """Abort transactions that a crashed writer left open (DESIGN 6)."""
-        for txn_id in sorted(self.index.open_txns()):
-            self.append_marker(txn_id, RecordKind.ABORT, b"")
+        """Abort transactions that a crashed writer left open (DESIGN 6). The index only
+        names candidates: each is confirmed open from the segments first, so no marker
+        is ever written on the strength of index data alone."""
+        try:
+            candidates = self.index.open_txns()
+        except CorruptIndex as error:  # cannot list them: find them in the segments
+            log.warning("%s: looking for open transactions in the segments", error)
+            candidates = self._open_txns_from_segments()
+        for txn_id, first in sorted(candidates.items()):
+            found = self.derive_txn(txn_id, first)
+            if found is not None and found[0] == TxnState.OPEN:
+                self.append_marker(txn_id, RecordKind.ABORT, b"")
 
     def append_marker(self, txn_id: int, kind, value: bytes) -> int:
         return self.submit([self._marker_piece(txn_id, kind, value)])
 
     def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
-        import time
         return Piece([time.time_ns() // 1000], [None], [value], [int(kind)], None,
                      len(value) + 24, txn_id)
 
-    def txn_state(self, txn_id: int):
-        found = self.index.txn_state(txn_id)
+    def txn_state(self, txn_id: int, seen_at: int | None = None):
+        """TxnState of a transaction, or None when it has no data here. `seen_at` is
+        the offset of one of its data records when the caller saw one (a reader): a
+        transaction the index does not know then cannot be unknown, and its state is
+        derived from the markers in the segments."""
+        try:
+            found = self.index.txn_state(txn_id)
+        except CorruptIndex as error:
+            log.warning("%s: deriving transaction %#x from the segments", error, txn_id)
+            found = None
+        if found is None and seen_at is not None:
+            found = self.derive_txn(txn_id, seen_at)
         return None if found is None else TxnState(found[0])
+
+    def derive_txn(self, txn_id: int, first: int) -> tuple[int, int, int] | None:
+        """(state, first, marker offset) of a transaction from the segments: scan from
+        `first` to the acknowledged end for its commit or abort marker. None when no
+        record of it is found there."""
+        seen = None
+        for frame in self.disk_frames(first):
+            if frame.txn_id != txn_id:
+                continue
+            if seen is None:
+                seen = frame.base_offset
+            if frame.has_control:
+                for _, state, offset, _, _ in recovery_module.txn_events(frame)[1:]:
+                    return (int(state), min(seen, first), offset)
+        return None if seen is None else (int(TxnState.OPEN), min(seen, first), 0)
+
+    def _open_txns_from_segments(self) -> dict[int, int]:
+        """{txn_id: first offset} of transactions with data and no marker, from a walk
+        of every frame (only when the index cannot say)."""
+        found: dict[int, int] = {}
+        for frame in self.disk_frames(self.start_offset):
+            if frame.txn_id == 0:
+                continue
+            for txn_id, state, offset, _, _ in recovery_module.txn_events(frame):
+                if state == TxnState.OPEN:
+                    found.setdefault(txn_id, offset)
+                else:
+                    found.pop(txn_id, None)
+        return found
+
+    def last_stable_offset(self) -> int:
+        """First offset of the oldest open transaction, or the end."""
+        try:
+            firsts = self.index.open_txns().values()
+        except CorruptIndex as error:
+            log.warning("%s: looking for open transactions in the segments", error)
+            firsts = self._open_txns_from_segments().values()
+        return min(firsts, default=self.next_offset)
 
     # -- opening --------------------------------------------------------------------
 
     def _clean_leftovers(self) -> None:
-        for name in self.fileio.listdir(self.directory):
-            if name.endswith(DELETED_SUFFIX) or name.endswith(".tmp"):
+        names = self.fileio.listdir(self.directory)
+        for name in names:
+            segment = name[:-len(SEAL_SUFFIX)] + SEGMENT_SUFFIX
+            orphan_seal = name.endswith(SEAL_SUFFIX) and parse_segment_name(segment) is not None \
+                and segment not in names
+            if name.endswith(DELETED_SUFFIX) or name.endswith(".tmp") or orphan_seal:
                 self.fileio.unlink(os.path.join(self.directory, name))
 
     def _open_index(self) -> Index:
         path = os.path.join(self.directory, "index")
         try:
             return Index(path, readonly=self.readonly, map_bytes=self.config.index_map_bytes)
-        except CorruptIndex:
-            if self.readonly:
-                return Index(os.path.join(self.directory, "no-index"), readonly=True,
-                             map_bytes=self.config.index_map_bytes)
-            for name in os.listdir(path):  # a cache: drop it and rebuild from segments
-                os.unlink(os.path.join(path, name))
-            return Index(path, readonly=False, map_bytes=self.config.index_map_bytes)
+        except CorruptIndex as error:
+            self._index_problem = str(error)
+            log.warning("%s: rebuilding it from the segments", error)
+            return self._fresh_index()
+
+    def _fresh_index(self) -> Index:
+        """An empty index: in memory for a read-only open (no file is touched), else
+        the damaged files removed (a cache: rebuilt from the segments) and recreated."""
+        if self.readonly:
+            return Index(os.path.join(self.directory, "no-index"), readonly=True,
+                         map_bytes=self.config.index_map_bytes)
+        path = os.path.join(self.directory, "index")
+        for name in os.listdir(path) if os.path.isdir(path) else ():
+            os.unlink(os.path.join(path, name))
+        if os.path.exists(path + ".seal"):
+            os.unlink(path + ".seal")
+        return Index(path, readonly=False, map_bytes=self.config.index_map_bytes)
 
     def _open_segments(self) -> list[Segment]:
         names = self.fileio.listdir(self.directory) if self.fileio.exists(self.directory) else []
@@ -134,7 +232,6 @@ class Partition:
         return self.segments[-1]
 
     def maybe_roll(self, incoming_bytes: int) -> None:
-        import time
         segment = self.active_segment
         if segment.size_bytes == 0:
             return
@@ -143,6 +240,7 @@ class Partition:
         if not (too_big or too_old):
             return
         segment.fsync()  # a sealed segment is always durable, whatever the policy
+        segment.seal(time.time_ns() // 1000, self.next_offset)
         new = Segment(self.fileio, self.directory, self.next_offset, writable=True, create=True)
         self.fileio.fsync_dir(self.directory)
         self.segments = self.segments + [new]
@@ -211,32 +309,96 @@ class Partition:
                                    f"({self.next_offset})")
 
     def hwm_before(self, entry: IndexEntry) -> int | None:
+        """Running max timestamp of the records before `entry`'s batch."""
         if entry.base_offset <= self.start_offset:
             return self.start_hwm_us
-        previous = self.index.lookup_offset(entry.base_offset - 1)
-        return previous.hwm_after_us if previous is not None else None
+        previous = self._entry_for(entry.base_offset - 1)
+        if previous is not None:
+            return previous.hwm_after_us
+        return self._scan_hwm(entry.base_offset)
+
+    def hwm_before_offset(self, base_offset: int) -> int | None:
+        """Running max timestamp of the records before the batch at `base_offset`."""
+        entry = self._entry_for(base_offset)
+        if entry is not None and entry.base_offset == base_offset:
+            return self.hwm_before(entry)
+        if base_offset <= self.start_offset:
+            return self.start_hwm_us
+        return self._scan_hwm(base_offset)
+
+    def _entry_for(self, offset: int) -> IndexEntry | None:
+        """The index entry of the batch holding `offset`, when the index has it and it
+        is sound; None otherwise (the caller falls back to the segments)."""
+        try:
+            entry = self.index.lookup_offset(offset)
+        except CorruptIndex as error:
+            log.warning("%s: using the segments instead", error)
+            return None
+        if entry is None or not entry.base_offset <= offset < entry.next_offset:
+            return None
+        return entry
+
+    def _scan_hwm(self, offset: int) -> int | None:
+        """Running max timestamp before `offset`, from the frame headers (only when the
+        index cannot say: it reads the partition from its start)."""
+        hwm = self.start_hwm_us
+        for frame in self.disk_frames(self.start_offset):
+            if frame.base_offset >= offset:
+                break
+            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
+        return hwm
 
     def offset_for_timestamp(self, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us; the end if none."""
         if self.start_hwm_us is not None and timestamp_us <= self.start_hwm_us:
             return self.start_offset  # retention removed the records that reached it
-        entry = self.index.lookup_time(timestamp_us)
-        if entry is None or entry.base_offset >= self.next_offset:
+        entry = self._time_entry(timestamp_us)
+        if entry is None:
             return self.next_offset
         columns = self.read_batch(entry)
         prior = self.hwm_before(entry)
         hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
         at = int(np.searchsorted(hwm, timestamp_us, side="left"))
-        assert at < len(hwm)  # the index said this batch reaches timestamp_us
+        assert at < len(hwm)  # this batch reaches timestamp_us (checked by _time_entry)
         return max(entry.base_offset + at, self.start_offset)
 
+    def _time_entry(self, timestamp_us: int) -> IndexEntry | None:
+        """The first batch whose running max reaches `timestamp_us`, or None. The time
+        index's answer is checked (it reaches it, the batch before does not); when it
+        cannot be confirmed the frame headers are walked instead."""
+        try:
+            entry = self.index.lookup_time(timestamp_us)
+        except CorruptIndex as error:
+            log.warning("%s: using the segments instead", error)
+            return self._scan_time_entry(timestamp_us)
+        if entry is None or entry.base_offset >= self.next_offset:
+            last = self._entry_for(self.next_offset - 1) if self.next_offset else None
+            if last is None or (entry is None and last.hwm_after_us < timestamp_us):
+                return None if last is not None else self._scan_time_entry(timestamp_us)
+            return self._scan_time_entry(timestamp_us)
+        if entry.hwm_after_us < timestamp_us or entry.next_offset > self.next_offset:
+            return self._scan_time_entry(timestamp_us)
+        before = self.hwm_before(entry)
+        if before is not None and before >= timestamp_us:
+            return self._scan_time_entry(timestamp_us)
+        return entry
+
+    def _scan_time_entry(self, timestamp_us: int) -> IndexEntry | None:
+        hwm = self.start_hwm_us
+        for frame in self.disk_frames(self.start_offset):
+            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
+            if hwm >= timestamp_us:
+                segment = self.segment_holding(frame.base_offset)
+                return IndexEntry(frame.base_offset, segment.base_offset, frame.position,
+                                  frame.record_count, frame.size, frame.min_timestamp_us,
+                                  frame.max_timestamp_us, hwm)
+        return None
+
     def read_batch(self, entry: IndexEntry) -> Columns:
-        segment = self._segment_for(entry.segment_base)
-        data = segment.read(entry.position, entry.frame_bytes)
-        frame = decode_frame(data, 0)
-        if frame is INCOMPLETE:
-            raise OffsetOutOfRange(f"batch at offset {entry.base_offset} is gone")
-        return decode_columns(frame)
+        """The columns of the batch an index entry names (checked against its frame)."""
+        for frame in self.disk_frames(entry.base_offset):
+            return decode_columns(frame)
+        raise OffsetOutOfRange(f"batch at offset {entry.base_offset} is gone")
 
     def _segment_for(self, base_offset: int) -> Segment:
         for segment in self.segments:
@@ -244,50 +406,72 @@ class Partition:
                 return segment
         raise OffsetOutOfRange(f"segment {base_offset} of {self.name} is gone")
 
+    def segment_holding(self, offset: int) -> Segment:
+        """The segment whose records include `offset`, by the file names alone."""
+        segments = self.segments
+        holding = [s for s in segments if s.base_offset <= offset]
+        return holding[-1] if holding else segments[0]
+
+    def locate(self, offset: int) -> tuple[Segment, int, int]:
+        """(segment, position, base offset) of a frame at or before `offset` to read
+        from. The index's entry is used only when the frame header at its position has
+        the base offset it claims; otherwise the segment holding `offset` is read from
+        its start (segments are named by their base offset)."""
+        entry = self._entry_for(offset)
+        if entry is not None:
+            segment = next((s for s in self.segments if s.base_offset == entry.segment_base),
+                           None)
+            if segment is not None and _header_base(segment, entry.position) == (
+                    entry.base_offset):
+                return segment, entry.position, entry.base_offset
+            log.warning("index entry for offset %d of %s does not match its segment: "
+                        "reading the segment from its start", offset, self.name)
+        segment = self.segment_holding(offset)
+        return segment, 0, segment.base_offset
+
     def disk_frames(self, offset: int):
         """Frames from the one holding `offset` to the acknowledged end, read in large
-        sequential chunks. Yields Frames whose payload views a chunk. Segments are
-        tracked by base offset, so retention removing older ones does not disturb it."""
-        entry = self.index.lookup_offset(offset)
-        if entry is None:
-            segment, position = self.segments[0], 0
-        else:
-            segment, position = self._segment_for(entry.segment_base), entry.position
+        sequential chunks; each must continue the one before. Yields Frames whose
+        payload views a chunk.
+        Raises CorruptSegment, naming segment and position, at a bad frame before the
+        acknowledged end. Segments are tracked by base offset, so retention removing
+        older ones does not disturb it."""
+        segment, position, expect = self.locate(offset)
         chunk = self.config.read_chunk_bytes
-        while True:
+        while expect < self.next_offset:
+            size = segment.size_bytes
+            if position >= size:
+                segment, position = self._next_segment(segment, expect)
+                continue
+            data = segment.read(position, min(chunk, size - position))
+            result = scan_buffer(data, 0, expect_offset=expect)
+            if not result.frames and result.stop is StopReason.INCOMPLETE and (
+                    len(data) < size - position):
+                data = segment.read(position, min(max(_frame_bytes(data), chunk),
+                                                  size - position))
+                result = scan_buffer(data, 0, expect_offset=expect)
             end = self.next_offset
-            data = segment.read(position, chunk)
-            result = scan_buffer(data, 0)
-            if not result.frames and result.stop is StopReason.INCOMPLETE and data:
-                data = segment.read(position, max(_frame_bytes(data), chunk))
-                result = scan_buffer(data, 0)
-            reached = None
             for frame in result.frames:
                 if frame.base_offset >= end:
                     return
-                reached = frame.next_offset
-                yield Frame(position + frame.position, frame.base_offset,
-                            frame.record_count, frame.min_timestamp_us,
-                            frame.max_timestamp_us, frame.txn_id, frame.flags,
-                            frame.raw_bytes, frame.payload)
+                expect = frame.next_offset
+                yield dataclasses.replace(frame, position=position + frame.position)
             position += result.end
-            if reached is not None and reached >= end:
-                return  # whatever follows is past the acknowledged end (or a torn tail)
-            if result.stop is StopReason.BAD:
-                raise _corrupt_read(segment, position, result.reason)
-            if result.frames and result.stop is StopReason.INCOMPLETE or (
-                    result.frames and len(data) == chunk):
+            if expect >= end or result.frames:
                 continue
-            following = [s for s in self.segments if s.base_offset > segment.base_offset]
-            if not following or position < segment.size_bytes and result.frames:
-                return
-            segment, position = following[0], 0
+            reason = result.reason or "frame cut short before the acknowledged end"
+            raise _corrupt_read(segment, position, reason)
 
-    def _segment_number(self, base_offset: int) -> int:
-        for number, segment in enumerate(self.segments):
-            if segment.base_offset == base_offset:
-                return number
-        raise OffsetOutOfRange(f"segment {base_offset} of {self.name} is gone")
+    def _next_segment(self, segment: Segment, expect: int) -> tuple[Segment, int]:
+        following = [s for s in self.segments if s.base_offset > segment.base_offset]
+        if not following:
+            raise _corrupt_read(segment, segment.size_bytes,
+                                f"the segment ends before offset {expect}, which the "
+                                f"log acknowledged")
+        if following[0].base_offset != expect:
+            raise _corrupt_read(following[0], 0, f"segment starts at offset "
+                                f"{following[0].base_offset}, expected {expect}")
+        return following[0], 0
 
     # -- holds (retention never removes an offset a reader holds) -------------------
 
@@ -335,7 +519,11 @@ class Partition:
         self.ring.reset(self.next_offset)
         # A transaction whose commit marker was cut off is not committed any more.
         for txn_id in self.index.reopened_txns:
-            self.appender.write_from_job([self._marker_piece(txn_id, RecordKind.ABORT, b"")])
+            state = self.index.txn_state(txn_id)
+            found = self.derive_txn(txn_id, state[1]) if state is not None else None
+            if found is not None and found[0] == TxnState.OPEN:  # confirmed on disk
+                self.appender.write_from_job([self._marker_piece(txn_id, RecordKind.ABORT,
+                                                                 b"")])
         self.index.reopened_txns = []
         self.index.sync()  # the index runs without sync; make this change stick
         return self.next_offset
@@ -360,6 +548,7 @@ class Partition:
         prefix = bytes.fromhex(intent["prefix"])
         keep = [s for s in self.segments if s.base_offset <= segment_base]
         for segment in reversed([s for s in self.segments if s.base_offset > segment_base]):
+            segment.unseal()
             segment.close()
             self.fileio.unlink(segment.path)
         segment = keep[-1]
@@ -444,6 +633,7 @@ class Partition:
             if not (too_old or too_big):
                 break
             doomed = oldest.path + ".deleted"
+            oldest.unseal()
             self.fileio.rename(oldest.path, doomed)
             self.fileio.fsync_dir(self.directory)
             self.segments = self.segments[1:]
@@ -469,12 +659,12 @@ class Partition:
             self.appender.close()
         self.closed = True
         self.ring.close()
-        self._close_files()
+        self._close_files(clean=True)
 
-    def _close_files(self) -> None:
+    def _close_files(self, *, clean: bool = False) -> None:
         for segment in self.segments:
             segment.close()
-        self.index.close()
+        self.index.close(seal=clean and not self.readonly)
 
     def size_bytes(self) -> int:
         return sum(s.size_bytes for s in self.segments)
@@ -508,6 +698,15 @@ class PatchedSegment:
 def _frame_bytes(data: bytes) -> int:
     from .frame import frame_size_hint
     return frame_size_hint(data, 0) or len(data)
+
+
+def _header_base(segment, position: int) -> int | None:
+    """Base offset in the (checksummed) frame header at `position`, or None."""
+    try:
+        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
+    except CorruptFrame:
+        return None
+    return None if fields is INCOMPLETE else fields[4]  # fields[4]: base_offset
 
 
 def _corrupt_read(segment: Segment, position: int, reason: str):

@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from .errors import LogClosed, OffsetOutOfRange
+from .errors import CorruptFrame, CorruptSegment, LogClosed, OffsetOutOfRange
 from .index import NO_HWM
 from .payload import Columns, columns_to_records, decode_columns, running_max
 from .records import RecordKind
@@ -142,6 +142,14 @@ class Reader:
         yield from self._slices_loop()
         self.close()
 
+    def _check_damage(self) -> None:
+        """A read-only open that found damaged acknowledged data ends the partition
+        there; a reader that gets there raises it rather than stopping quietly."""
+        damage = self.partition.damage
+        if damage is not None and self.next_offset >= damage[0] and (
+                self.stop_offset is None or self.stop_offset > damage[0]):
+            raise damage[1]
+
     def _check_truncated(self) -> None:
         partition = self.partition
         if len(partition.truncations) == self._truncations_seen:
@@ -159,6 +167,7 @@ class Reader:
             if self.stop_offset is not None and self.next_offset >= self.stop_offset:
                 break
             if self.next_offset >= partition.next_offset:
+                self._check_damage()
                 if not self.follow or partition.closed:
                     break
                 yield _WAIT
@@ -178,10 +187,12 @@ class Reader:
             for frame in partition.disk_frames(self.next_offset):
                 if frame.next_offset <= self.next_offset:
                     continue
-                yield from self._visible(decode_columns(frame), None)
+                yield from self._visible(_decode(partition, frame), None)
                 if self.done or self._blocked_at is not None or partition.ring.find(
                         self.next_offset) is not None:
                     break
+                if self.stop_offset is not None and self.next_offset >= self.stop_offset:
+                    break  # do not read (and judge) frames past the bound
 
     def _visible(self, columns: Columns, hwm_before):
         """Apply read_committed to a batch: emit it, skip it (aborted), or stop before
@@ -192,7 +203,8 @@ class Reader:
             return
         state = self._txn_states.get(txn_id)
         if state is None:
-            state = self._txn_states[txn_id] = self.partition.txn_state(txn_id)
+            state = self._txn_states[txn_id] = self.partition.txn_state(
+                txn_id, seen_at=columns.base_offset)
         if state is TxnState.COMMITTED:
             yield from self._emit(columns, hwm_before)
         elif state is TxnState.ABORTED:
@@ -237,9 +249,17 @@ class Reader:
             return hwm_before
         if self._hwm_known:
             return self._hwm
-        entry = self.partition.index.lookup_offset(columns.base_offset)
-        return self.partition.hwm_before(entry) if entry is not None else None
+        return self.partition.hwm_before_offset(columns.base_offset)
 
 
 def is_data(kind: int) -> bool:
     return kind == RecordKind.DATA
+
+
+def _decode(partition, frame) -> Columns:
+    """Columns of a checksummed frame; a payload that does not decode names its spot."""
+    try:
+        return decode_columns(frame)
+    except CorruptFrame as error:
+        segment = partition.segment_holding(frame.base_offset)
+        raise CorruptSegment(segment.path, frame.position, error.reason) from None

@@ -1,20 +1,14 @@
 """Open-time recovery of one partition: the segments are the truth, the index follows.
 
-Strategy: scan from the last recovery point only (everything before it was fsynced and
-indexed), so recovery time is bounded by the unflushed tail, not the log size. Each bad
-spot is classified by the decision table below; a writer then truncates a torn tail,
-and the index is reconciled (entries past the valid end dropped, missing ones added).
-Read-only opens run the same scan but change nothing: they stop at a torn tail.
-
-Decision table (what the scan found after the recovery point -> action):
-
-    found                                          writable          read-only
-    clean end                                      keep              keep
-    short or bad frame, nothing valid after it     TORN: truncate    TORN: stop there
-    bad frame, a valid frame after it              CORRUPT: refuse   CORRUPT: stop there
-    file shorter than the recovery point           CORRUPT: refuse   CORRUPT: stop there
-    last durable frame before the point is bad     CORRUPT: refuse   CORRUPT: stop there
-    no index, or an index that disagrees           rebuild from the first segment
+Strategy: first decide what the index claims (`claim_index`): its recovery point is
+only believed when the frame just before it is where the index says, with the base
+offset it says. Then walk the segments from that point only (everything before it was
+fsynced and indexed), so recovery time is bounded by the unflushed tail, not by the
+log's size. The walk's end and the claim go through the one decision table
+(integrity.py), and its action is carried out: a writer truncates a torn or stale tail
+and refuses damage; a read-only open changes nothing, stops before a torn tail and
+records damage so that a reader reaching it raises. An index that cannot be read or
+does not fit is rebuilt from the first segment (the table is then asked again).
 """
 
 from __future__ import annotations
@@ -23,41 +17,33 @@ import dataclasses
 import logging
 import time
 
-from .errors import CorruptFrame, CorruptSegment
-from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, frame_size_hint
+from .errors import CorruptIndex, CorruptSegment
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
-from .scan import StopReason, TailState, resync, scan_buffer
+from .integrity import ACTIONS, Action, IndexClaim, Observation, TailKind, Verdict, decide
 from .payload import decode_columns
-from .segment import Segment
 from .txn import frame_events
+from .walk import WalkEnd, continues_after, frame_at, observe, walk
 
 log = logging.getLogger("streamlog.recovery")
 
 
 @dataclasses.dataclass
 class RecoveryReport:
-    tail_state: TailState = TailState.CLEAN
+    verdict: Verdict = Verdict.CLEAN
     scanned_bytes: int = 0
     truncated_bytes: int = 0
     frames_indexed: int = 0
     rebuilt_index: bool = False
+    index_problem: str | None = None
     seconds: float = 0.0
     corruption: CorruptSegment | None = None
 
     def as_dict(self) -> dict:
-        return {"tail": self.tail_state.value, "scanned_bytes": self.scanned_bytes,
+        return {"tail": self.verdict.value, "scanned_bytes": self.scanned_bytes,
                 "truncated_bytes": self.truncated_bytes, "frames_indexed": self.frames_indexed,
-                "rebuilt_index": self.rebuilt_index, "seconds": round(self.seconds, 6),
+                "rebuilt_index": self.rebuilt_index, "index_problem": self.index_problem,
+                "seconds": round(self.seconds, 6),
                 "corruption": str(self.corruption) if self.corruption else None}
-
-
-def decide(stop: StopReason, valid_after: bool) -> TailState:
-    """The table's middle rows: how a scan that stopped early is classified."""
-    if stop is StopReason.END:
-        return TailState.CLEAN
-    if valid_after:
-        return TailState.CORRUPT
-    return TailState.TORN
 
 
 @dataclasses.dataclass
@@ -66,57 +52,97 @@ class ScanState:
     hwm_us: int | None
     end_segment: int  # index into segments
     end_position: int
+    # Read-only opens: (offset, error) of damage a reader must raise when it gets there.
+    damage: tuple[int, CorruptSegment] | None = None
 
 
-def recover(segments: list[Segment], index: Index, *, writable: bool, chunk_bytes: int,
+@dataclasses.dataclass
+class Claim:
+    """What the index claims, checked against the segments."""
+
+    kind: IndexClaim
+    point: RecoveryPoint | None = None  # where to walk from (CONFIRMED)
+    damaged: WalkEnd | None = None  # the last durable frame, when it is damaged
+    problem: str = ""
+
+
+def claim_index(segments, index: Index) -> Claim:
+    """Check the index's recovery point against the segments (read-only: no change)."""
+    try:
+        point = index.recovery_point()
+        if point is None:
+            has_entries = index.last_entry is not None
+            return Claim(IndexClaim.DISAGREES if has_entries else IndexClaim.ABSENT,
+                         problem="entries but no recovery point" if has_entries else "")
+        return _check_point(segments, index, point)
+    except CorruptIndex as error:
+        return Claim(IndexClaim.UNREADABLE, problem=str(error))
+
+
+def _check_point(segments, index: Index, point: RecoveryPoint) -> Claim:
+    by_base = {s.base_offset: n for n, s in enumerate(segments)}
+    number = by_base.get(point.segment_base)
+    if number is None:
+        return Claim(IndexClaim.DISAGREES, problem="recovery point names a missing segment")
+    # A recovery point past the end of its file is not doubted: it is written only
+    # after the bytes before it are fsynced (and truncate_after keeps it in step through
+    # its intent file), so the file lost acknowledged bytes; the check of the frame
+    # before the point below finds that frame cut short: damage, never a torn tail.
+    if point.next_offset == segments[0].base_offset and (number, point.position) == (0, 0):
+        return Claim(IndexClaim.CONFIRMED, point)
+    entry = index.lookup_offset(point.next_offset - 1)
+    if entry is None or entry.next_offset != point.next_offset or not _point_follows(
+            entry, point):
+        return Claim(IndexClaim.DISAGREES, problem="recovery point does not follow an entry")
+    holder = by_base.get(entry.segment_base)
+    if holder is None:
+        return Claim(IndexClaim.DISAGREES, problem="entry names a missing segment")
+    found = frame_at(segments[holder], entry.position)
+    if isinstance(found, str):  # the last durable frame is damaged
+        kind = TailKind.SHORT if "cut short" in found else TailKind.BAD
+        return Claim(IndexClaim.CONFIRMED, point, WalkEnd(
+            kind, holder, entry.position, entry.base_offset, f"durable frame damaged: {found}"))
+    if (found.base_offset, found.record_count, found.size) != (
+            entry.base_offset, entry.record_count, entry.frame_bytes):
+        return Claim(IndexClaim.DISAGREES, problem="entry disagrees with its frame")
+    return Claim(IndexClaim.CONFIRMED, point)
+
+
+def _point_follows(entry: IndexEntry, point: RecoveryPoint) -> bool:
+    if entry.segment_base == point.segment_base:
+        return entry.position + entry.frame_bytes == point.position
+    return point.position == 0 and point.segment_base == entry.next_offset
+
+
+def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
             progress=None) -> tuple[ScanState, RecoveryReport]:
-    """Scan `segments` (ascending, at least one) from the index's recovery point.
+    """Recover a partition from `segments` (ascending, at least one).
 
-    Truncates a torn tail and drops now-empty later segments from `segments` when
-    writable. Raises CorruptSegment for corruption when writable; read-only opens get it
-    in the report and stop before it.
+    Writable: truncates a torn or stale tail (dropping now-empty later segments from
+    `segments`), raises CorruptSegment for damage. Read-only: changes no file.
+    Raises CorruptIndex only when a writable index cannot even be cleared (the caller
+    then recreates it).
     """
     started = time.monotonic()
     report = RecoveryReport()
-    start = _start_point(segments, index, report)
-    state = ScanState(start.next_offset, None if start.hwm_us == NO_HWM else start.hwm_us,
-                      _segment_at(segments, start.segment_base), start.position)
-    if not report.rebuilt_index:
-        index.drop_from(start.next_offset)
-        try:
-            fits = _check_last_durable(segments, index, start)
-        except CorruptSegment as error:
-            return state, _corrupt(report, error, writable, started)
-        if not fits:
-            log.warning("index of %s disagrees with a valid frame: rebuilding",
-                        segments[0].path)
-            index.clear()
-            report.rebuilt_index = True
-            state = ScanState(segments[0].base_offset, None, 0, 0)
-    for number in range(state.end_segment, len(segments)):
-        segment = segments[number]
-        if segment.base_offset != state.next_offset and number != state.end_segment:
-            error = CorruptSegment(segment.path, 0, f"segment starts at offset "
-                                   f"{segment.base_offset}, expected {state.next_offset}")
-            return state, _corrupt(report, error, writable, started)
-        position = state.end_position if number == state.end_segment else 0
-        stop, reason, position = _scan_segment(segment, position, state, index, report,
-                                               chunk_bytes, progress)
-        state.end_segment, state.end_position = number, position
-        if stop is StopReason.END:
-            continue
-        valid_after = _valid_after(segments, number, position, chunk_bytes)
-        report.tail_state = decide(stop, valid_after)
-        if report.tail_state is TailState.CORRUPT:
-            error = CorruptSegment(segment.path, position, reason or "bad frame")
-            return state, _corrupt(report, error, writable, started)
-        report.truncated_bytes = sum(s.size_bytes for s in segments[number + 1:]) + (
-            segment.size_bytes - position)
-        log.warning("torn tail in %s at position %d: %d bytes %s", segment.path, position,
-                    report.truncated_bytes, "truncated" if writable else "ignored")
-        if writable:
-            _truncate_tail(segments, number, position)
-        break
+    claim = claim_index(segments, index)
+    if claim.kind in (IndexClaim.UNREADABLE, IndexClaim.DISAGREES):
+        report.verdict = decide(Observation(claim.kind, TailKind.END, False, False))
+        assert report.verdict is Verdict.REBUILD_INDEX
+        log.warning("index of %s: %s: rebuilding it from the segments",
+                    segments[0].path, claim.problem)
+        report.rebuilt_index, report.index_problem = True, claim.problem
+        index.clear()
+        claim = Claim(IndexClaim.ABSENT)
+    state, end = _walk_tail(segments, index, claim, report, chunk_bytes, progress)
+    if claim.kind is IndexClaim.ABSENT and report.frames_indexed:
+        report.rebuilt_index = True  # every entry came from the segments just now
+    durable = (claim.point.segment_base, claim.point.position) if claim.point else None
+    continues = continues_after(segments, end, chunk_bytes)
+    observation = observe(claim.kind, end, continues=continues, durable_until=durable,
+                          segments=segments)
+    report.verdict = decide(observation)
+    _act(segments, index, report, state, end, writable)
     if writable and index.last_entry is not None:
         last = segments[state.end_segment]
         last.fsync()
@@ -126,85 +152,86 @@ def recover(segments: list[Segment], index: Index, *, writable: bool, chunk_byte
     return state, report
 
 
+def _walk_tail(segments, index: Index, claim: Claim, report: RecoveryReport,
+               chunk_bytes: int, progress) -> tuple[ScanState, WalkEnd]:
+    """Index every valid frame after the recovery point; return the state and where
+    the valid frames end."""
+    point = claim.point
+    if point is None:
+        point = RecoveryPoint(segments[0].base_offset, 0, segments[0].base_offset, NO_HWM)
+    number = next(n for n, s in enumerate(segments) if s.base_offset == point.segment_base)
+    state = ScanState(point.next_offset, None if point.hwm_us == NO_HWM else point.hwm_us,
+                      number, point.position)
+    index.drop_from(point.next_offset)
+    if claim.damaged is not None:
+        end = claim.damaged
+        before = index.lookup_offset(end.next_offset - 1)
+        state.next_offset = end.next_offset
+        state.hwm_us = before.hwm_after_us if before is not None else None
+        state.end_segment, state.end_position = end.number, end.position
+        return state, end
 
-def _start_point(segments, index: Index, report: RecoveryReport) -> RecoveryPoint:
-    """The recovery point to scan from, or the first segment's start (with an index
-    rebuild) when the index has none or one that does not fit the files."""
-    point = index.recovery_point()
-    bases = {s.base_offset: s for s in segments}
-    if point is not None and point.segment_base in bases:
-        segment = bases[point.segment_base]
-        if point.position <= segment.size_bytes:
-            return point
-        # The index runs without sync: after a power loss it can be older than the files
-        # (e.g. from before a truncate_after). The segments outrank it: rebuild.
-        log.warning("recovery point of %s is past the end of the file (%d > %d): "
-                    "rebuilding the index", segment.path, point.position, segment.size_bytes)
-    if point is not None or index.last_entry is not None:
-        log.warning("index of %s does not match its segments: rebuilding",
-                    segments[0].path)
-    index.clear()
-    report.rebuilt_index = True
-    return RecoveryPoint(segments[0].base_offset, 0, segments[0].base_offset, NO_HWM)
-
-
-def _check_last_durable(segments, index: Index, point: RecoveryPoint) -> bool:
-    """An acknowledged frame is never 'torn': re-verify the last one before the point.
-    Returns False when a valid frame there disagrees with the index (a stale cache, e.g.
-    rolled back past a rewrite); raises CorruptSegment when the bytes are damaged."""
-    entry = index.last_entry
-    if entry is None or entry.next_offset != point.next_offset:
-        return True
-    segment = next((s for s in segments if s.base_offset == entry.segment_base), None)
-    if segment is None:
-        return False
-    head = segment.read(entry.position, HEADER_BYTES)
-    size = frame_size_hint(head, 0) or entry.frame_bytes
-    data = segment.read(entry.position, size)
-    try:
-        frame = decode_frame(data, 0)
-    except CorruptFrame as error:
-        raise CorruptSegment(segment.path, entry.position,
-                             f"durable frame damaged: {error.reason}") from None
-    if frame is INCOMPLETE:
-        raise CorruptSegment(segment.path, entry.position, "durable frame cut short")
-    return (frame.base_offset == entry.base_offset and frame.record_count ==
-            entry.record_count and frame.size == entry.frame_bytes)
-
-
-def _scan_segment(segment: Segment, position: int, state: ScanState, index: Index,
-                  report: RecoveryReport, chunk_bytes: int, progress):
-    """Index every valid frame from `position`; return (stop, reason, end position)."""
-    while True:
-        size = segment.size_bytes - position
-        if size <= 0:
-            return StopReason.END, "", position
-        data = segment.read(position, min(size, chunk_bytes))
-        result = scan_buffer(data, 0, expect_offset=state.next_offset)
-        if result.stop is StopReason.INCOMPLETE and result.end == 0 and len(data) < size:
-            data = segment.read(position, min(size, _needed(data, chunk_bytes)))
-            result = scan_buffer(data, 0, expect_offset=state.next_offset)
+    def index_frames(number: int, frames) -> None:
         entries, events = [], []
-        for frame in result.frames:
+        for frame in frames:
             events += txn_events(frame)
-            hwm_before = state.hwm_us
-            state.hwm_us = frame.max_timestamp_us if hwm_before is None else max(
-                hwm_before, frame.max_timestamp_us)
-            entries.append(IndexEntry(frame.base_offset, segment.base_offset,
-                                      position + frame.position, frame.record_count,
-                                      frame.size, frame.min_timestamp_us,
-                                      frame.max_timestamp_us, state.hwm_us))
-            state.next_offset = frame.next_offset
+            state.hwm_us = frame.max_timestamp_us if state.hwm_us is None else max(
+                state.hwm_us, frame.max_timestamp_us)
+            entries.append(IndexEntry(frame.base_offset, segments[number].base_offset,
+                                      frame.position, frame.record_count, frame.size,
+                                      frame.min_timestamp_us, frame.max_timestamp_us,
+                                      state.hwm_us))
         index.put(entries, None, events)
         report.frames_indexed += len(entries)
-        report.scanned_bytes += result.end
-        position += result.end
+        report.scanned_bytes += sum(f.size for f in frames)
+        state.next_offset = frames[-1].next_offset
+        state.end_segment, state.end_position = number, frames[-1].end_position
         if progress is not None:
             progress(report.scanned_bytes)
-        if result.stop is StopReason.BAD:
-            return StopReason.BAD, result.reason, position
-        if result.stop is StopReason.INCOMPLETE and result.end == 0:
-            return StopReason.INCOMPLETE, "frame cut short", position
+
+    end = walk(segments, number=number, position=point.position,
+               next_offset=point.next_offset, chunk_bytes=chunk_bytes, on_frames=index_frames)
+    if end.kind is TailKind.END:
+        state.end_segment, state.end_position = end.number, end.position
+    return state, end
+
+
+def _act(segments, index: Index, report: RecoveryReport, state: ScanState, end: WalkEnd,
+         writable: bool) -> None:
+    """Carry out the table's action for the verdict."""
+    action = ACTIONS[report.verdict][0 if writable else 1]
+    if action is Action.KEEP:
+        return
+    segment = segments[end.number]
+    state.end_segment, state.end_position = end.number, end.position
+    state.next_offset = end.next_offset
+    if report.verdict.is_damage:
+        error = CorruptSegment(segment.path, end.position,
+                               f"{report.verdict.description}: {end.reason}")
+        report.corruption = error
+        log.error("%s", error)
+        if action is Action.REFUSE:
+            raise error
+        assert action is Action.FAIL_AT
+        state.damage = (end.next_offset, error)
+        return
+    assert action in (Action.TRUNCATE, Action.STOP_BEFORE)
+    report.truncated_bytes = sum(s.size_bytes for s in segments[end.number + 1:]) + (
+        segment.size_bytes - end.position)
+    log.warning("%s in %s at position %d: %d bytes %s (%s)", report.verdict.description,
+                segment.path, end.position, report.truncated_bytes,
+                "truncated" if writable else "not shown", end.reason)
+    if end.position == 0 and end.number > 0 and (
+            segments[end.number].base_offset != end.next_offset):
+        # the whole segment is garbage (named for offsets that do not follow): the
+        # valid data ends with the previous segment, and a writer removes this one
+        state.end_segment = end.number - 1
+        state.end_position = segments[end.number - 1].size_bytes
+        if action is Action.TRUNCATE:
+            _truncate_tail(segments, end.number - 1, state.end_position)
+        return
+    if action is Action.TRUNCATE:
+        _truncate_tail(segments, end.number, end.position)
 
 
 def txn_events(frame) -> list:
@@ -220,27 +247,8 @@ def txn_events(frame) -> list:
                         lambda i: values[offsets[i]:offsets[i + 1]])
 
 
-def _needed(data: bytes, chunk_bytes: int) -> int:
-    hint = frame_size_hint(data, 0)
-    return max(hint or 0, chunk_bytes)
-
-
-def _valid_after(segments, number: int, position: int, chunk_bytes: int) -> bool:
-    """Is there a valid frame anywhere after `position` (this segment or a later one)?
-    Reads the rest of the segment whole: this runs only when something is already wrong."""
-    segment = segments[number]
-    data = segment.read(position, max(segment.size_bytes - position, 0))
-    if data and resync(data, 0) is not None:
-        return True
-    for later in segments[number + 1:]:
-        data = later.read(0, min(later.size_bytes, chunk_bytes))
-        if data and resync(data, -1) is not None:
-            return True
-    return False
-
-
-def _truncate_tail(segments: list[Segment], number: int, position: int) -> None:
-    segments[number].truncate_to(position)
+def _truncate_tail(segments: list, number: int, position: int) -> None:
+    segments[number].truncate_to(position)  # removes its seal first, if it has one
     segments[number].fsync()
     for later in segments[number + 1:]:
         later.truncate_to(0)
@@ -248,20 +256,3 @@ def _truncate_tail(segments: list[Segment], number: int, position: int) -> None:
         later.close()
         later.fileio.unlink(later.path)
     del segments[number + 1:]
-
-
-def _corrupt(report: RecoveryReport, error: CorruptSegment, writable: bool, started: float):
-    report.tail_state = TailState.CORRUPT
-    report.corruption = error
-    report.seconds = time.monotonic() - started
-    log.error("%s", error)
-    if writable:
-        raise error
-    return report
-
-
-def _segment_at(segments, base_offset: int) -> int:
-    for number, segment in enumerate(segments):
-        if segment.base_offset == base_offset:
-            return number
-    raise AssertionError(f"no segment with base {base_offset}")

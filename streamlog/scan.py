@@ -1,9 +1,9 @@
 """Walk frames over a buffer and classify how it ends. Pure: no I/O.
 
 Strategy: `scan_buffer` decodes frames one after another and stops at the first thing
-that is not a whole valid frame, saying why (`StopReason`). `resync` searches for the
-next position where a valid frame starts; the caller uses it to tell a torn tail (no
-valid frame after the bad one: truncate) from corruption (valid data after it: refuse).
+that is not a whole valid frame that continues the sequence, saying why (`StopReason`).
+`resync` searches for the next position where a valid (continuing) frame starts. What
+a stop means (torn tail, stale tail, corruption) is integrity.py's decision.
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ class StopReason(enum.Enum):
     BAD = "bad"  # bytes at `end` can never be a frame
 
 
-class TailState(enum.Enum):
-    CLEAN = "clean"
-    TORN = "torn"
-    CORRUPT = "corrupt"
-
-
 @dataclasses.dataclass(slots=True)
 class ScanResult:
     frames: list[Frame]
     end: int  # position after the last valid frame
     stop: StopReason
     reason: str = ""
+    # Base offset of a checksummed frame that stopped the scan by not continuing the
+    # sequence (integrity.classify_stop tells a stale copy from a gap by it).
+    found_base: int | None = None
 
 
 def scan_buffer(buf, position: int = 0, *, frames_max: int | None = None,
@@ -57,15 +54,17 @@ def scan_buffer(buf, position: int = 0, *, frames_max: int | None = None,
         if expect_offset is not None and frame.base_offset != expect_offset:
             return ScanResult(frames, position, StopReason.BAD,
                               f"frame has base offset {frame.base_offset}, "
-                              f"expected {expect_offset}")
+                              f"expected {expect_offset}", frame.base_offset)
         frames.append(frame)
         expect_offset = frame.next_offset
         position = frame.end_position
     return ScanResult(frames, position, StopReason.END)
 
 
-def resync(buf, position: int) -> int | None:
-    """Position of the first valid whole frame strictly after `position`, or None."""
+def resync(buf, position: int, *, min_base: int | None = None) -> int | None:
+    """Position of the first valid whole frame strictly after `position`, or None.
+    With `min_base`, frames whose base offset is below it (stale copies) are passed
+    over: only a frame that continues the partition counts."""
     search_from = position + 1
     while True:
         found = bytes_find(buf, MAGIC_BYTES, search_from)
@@ -75,7 +74,8 @@ def resync(buf, position: int) -> int | None:
             frame = decode_frame(buf, found)
         except CorruptFrame:
             frame = None
-        if frame is not None and frame is not INCOMPLETE:
+        if frame is not None and frame is not INCOMPLETE and (
+                min_base is None or frame.base_offset >= min_base):
             return found
         search_from = found + 1
 

@@ -12,6 +12,7 @@ import time
 
 from .fileio import FileIO
 from .layout import segment_name
+from .seal import SegmentDigest, hash_file, remove_seal, seal_path, write_seal
 
 
 class Segment:
@@ -25,7 +26,9 @@ class Segment:
         self.size_bytes = fileio.size(self.handle)
         # Age for rolling counts from creation, or from the open for a reopened segment.
         self.created_monotonic = time.monotonic()
-        self.max_timestamp_us: int | None = None
+        # The running whole-file checksum, for the seal written when the segment rolls;
+        # None when it is not known (a reopened segment: hashed from the file at roll).
+        self.digest: SegmentDigest | None = SegmentDigest() if self.size_bytes == 0 else None
         self.closed = False
 
     def append(self, data) -> int:
@@ -34,6 +37,8 @@ class Segment:
         position = self.size_bytes
         self.fileio.pwrite(self.handle, data, position)
         self.size_bytes = position + len(data)
+        if self.digest is not None:
+            self.digest.update(data)
         return position
 
     def read(self, position: int, size: int) -> bytes:
@@ -46,12 +51,25 @@ class Segment:
     def truncate_to(self, position: int) -> None:
         assert self.writable
         assert 0 <= position <= self.size_bytes
+        self.unseal()
         self.fileio.truncate(self.handle, position)
         self.size_bytes = position
+        self.digest = SegmentDigest() if position == 0 else None
 
-    def refresh_size(self) -> int:
-        self.size_bytes = self.fileio.size(self.handle)
-        return self.size_bytes
+    def seal(self, sealed_at_us: int, end_offset: int) -> None:
+        """Record the whole-file checksum of a segment that rolled (seal.py). The
+        caller has fsynced it: a seal never describes bytes a crash could lose."""
+        assert self.writable
+        digest = self.digest.digest() if self.digest is not None else hash_file(
+            self.fileio, self.handle, self.size_bytes)
+        assert self.digest is None or self.digest.size_bytes == self.size_bytes
+        write_seal(self.fileio, self.path, size_bytes=self.size_bytes, digest=digest,
+                   sealed_at_us=sealed_at_us, end_offset=end_offset)
+
+    def unseal(self) -> None:
+        """Remove the seal before the file changes (truncate, delete)."""
+        if self.fileio.exists(seal_path(self.path)):
+            remove_seal(self.fileio, self.path)
 
     def close(self) -> None:
         if not self.closed:

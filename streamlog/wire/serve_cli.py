@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the log's fsync policy (default always: an acknowledged "
                              "append is on stable storage)")
     parser.add_argument("--fsync-interval-ms", type=_positive, default=50)
+    parser.add_argument("--scrub-mib-per-s", type=float, default=32.0,
+                        help="re-verify sealed segments in the background at most this "
+                             "fast (MiB/s; default 32; 0: off); results in the log, in "
+                             "/metrics and in `streamlog info`")
+    parser.add_argument("--scrub-interval-s", type=float, default=3600.0,
+                        help="pause between two scrubbing passes (default 3600)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -85,13 +91,18 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..log import open_log
     try:
         log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
-                       fileio=TimedFileIO(metrics.fsync_seconds))
+                       fileio=TimedFileIO(metrics.fsync_seconds),
+                       scrub_interval_s=args.scrub_interval_s)
     except StreamLogError as error:
         _say(f"cannot open {args.log}: {error}")
         return EXIT_DATA
     except OSError as error:
         _say(f"cannot open {args.log}: {error.strerror or error}")
         return EXIT_DATA
+    if args.scrub_mib_per_s > 0:
+        from .server import count_scrub_result
+        log.start_scrubber(bytes_per_s=max(int(args.scrub_mib_per_s * (1 << 20)), 1),
+                           on_result=lambda result: count_scrub_result(metrics, result))
     return asyncio.run(_serve(log, config, metrics))
 
 

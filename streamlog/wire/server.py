@@ -53,6 +53,7 @@ import numpy as np
 
 from ..appender import Piece
 from ..errors import LogClosed, StreamLogError
+from ..txn import TxnState
 from ..fileio import OsFileIO
 from ..records import AppendResult
 from . import protocol as p
@@ -216,10 +217,22 @@ _COUNTERS = (
     ("protocol_errors", "streamlog_protocol_errors_total", "connections ended for garbage"),
     ("refused", "streamlog_connections_refused_total", "connections over connections_max"),
     ("request_errors", "streamlog_request_errors_total", "requests answered with ERROR"),
+    ("scrub_segments", "streamlog_scrub_segments_total",
+     "sealed segments re-verified by the background scrubber"),
+    ("scrub_bytes", "streamlog_scrub_bytes_total", "bytes re-verified by the scrubber"),
+    ("scrub_problems", "streamlog_scrub_problems_total",
+     "scrubbed segments that failed their whole-file checksum (or could not be read)"),
 )
 
 
 # -- the server ------------------------------------------------------------------------
+
+def count_scrub_result(metrics, result) -> None:
+    """The scrubber's on_result callback (its thread): feed the counters above."""
+    metrics.counters["scrub_segments"] += 1
+    metrics.counters["scrub_bytes"] += result.check.bytes_hashed
+    metrics.counters["scrub_problems"] += int(result.check.is_problem)
+
 
 class LogServer:
     """Serves `log` (a writable streamlog.Log) until drain(). Loop-thread only.
@@ -287,11 +300,14 @@ class LogServer:
         seen, aborted = {}, []
         for stream in self.log.streams():
             for number in range(self.log.partition_count(stream)):
-                open_txns = self.log.partition(stream, number).index.open_txns()
-                for txn_id in open_txns:
+                part = self.log.partition(stream, number)
+                for txn_id, first in part.index.open_txns().items():
                     key = (stream, number, txn_id)
                     seen[key] = self._txn_seen.get(key, now)
                     if now - seen[key] < self.config.txn_timeout_s:
+                        continue
+                    found = part.derive_txn(txn_id, first)  # confirmed on disk first
+                    if found is None or found[0] != TxnState.OPEN:
                         continue
                     try:
                         self.log.abort_txn(stream, number, txn_id)

@@ -19,7 +19,10 @@ import threading
 import pytest
 
 import streamlog
-from streamlog.cli import parse_append_line, parse_timestamp, walk_segment
+from streamlog.check import segment_events
+from streamlog.cli import parse_append_line, parse_timestamp
+from streamlog.fileio import OsFileIO
+from streamlog.segment import Segment
 
 pytestmark = pytest.mark.slow
 
@@ -372,8 +375,10 @@ def test_info_table_and_json(log_dir):
 def test_dump_lists_every_frame_and_record(log_dir):
     build_log(log_dir, [([b"a", b"b"], [5, 3]), ([b"\xff"], [9]), ([b"d"] * 3, [1, 2, 3])])
     done = cli("dump", log_dir, "--json", "--records")
+    verdicts = [line for line in lines_of(done.stdout) if line.get("kind") == "verdict"]
+    assert [v["verdict"] for v in verdicts] == ["clean"] * len(verdicts) and verdicts
     assert done.returncode == 0, done.stderr
-    frames = lines_of(done.stdout)
+    frames = [line for line in lines_of(done.stdout) if line.get("kind") != "verdict"]
     assert [(f["base_offset"], f["last_offset"], f["count"]) for f in frames] == [
         (0, 1, 2), (2, 2, 1), (3, 5, 3)]
     assert all(f["checksum_ok"] and f["codec"] in ("none", "zstd") for f in frames)
@@ -411,7 +416,7 @@ def test_dump_verify_and_read_work_on_a_log_whose_writer_was_killed(log_dir):
     before = {p.name: p.stat().st_mtime_ns for p in segment.parent.rglob("*")}
     dumped = cli("dump", log_dir, "--json")
     assert dumped.returncode == 0, dumped.stderr
-    frames = lines_of(dumped.stdout)
+    frames = [line for line in lines_of(dumped.stdout) if line.get("kind") != "verdict"]
     assert sum(f.get("count", 0) for f in frames if f["checksum_ok"]) == 50
     assert frames[-1]["checksum_ok"] is False and frames[-1]["position"] == len(data)
     verified = cli("verify", log_dir)
@@ -429,7 +434,7 @@ def test_dump_verify_and_read_work_on_a_log_whose_writer_was_killed(log_dir):
 def _frames(log_dir) -> list[dict]:
     done = cli("dump", log_dir, "--json")
     assert done.returncode == 0, done.stderr
-    return lines_of(done.stdout)
+    return [line for line in lines_of(done.stdout) if line.get("kind") != "verdict"]
 
 
 def test_verify_clean_log(log_dir):
@@ -491,18 +496,20 @@ def test_verify_torn_tail_is_a_warning_unless_strict(log_dir):
     segment = segment_path(log_dir)
     last = _frames(log_dir)[-1]
     size = segment.stat().st_size
-    os.truncate(segment, size - 3)
+    data = segment.read_bytes()
+    with open(segment, "ab") as handle:  # a writer killed inside its next frame
+        handle.write(data[last["position"]:last["position"] + 40])
     done = cli("verify", log_dir)
     assert done.returncode == 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("streamlog: warning: torn tail")
-    assert f"{segment} at position {last['position']}" in lines[0]
-    assert "150 records" in done.stdout  # the three whole frames
+    assert f"{segment} at position {size}" in lines[0]
+    assert "200 records" in done.stdout  # the four whole frames
     strict = cli("verify", log_dir, "--strict")
     assert strict.returncode == 1 and "torn tail" in strict.stderr
 
 
-def test_walk_segment_gives_the_same_answer_for_any_chunk_size(log_dir):
+def test_segment_events_give_the_same_answer_for_any_chunk_size(log_dir):
     # Frames larger than a chunk, and a resync that must cross chunk boundaries.
     build_log(log_dir, [([os.urandom(300)] * 4, [i] * 4) for i in range(6)],
               compression="none")
@@ -513,12 +520,12 @@ def test_walk_segment_gives_the_same_answer_for_any_chunk_size(log_dir):
     segment.write_bytes(bytes(data))
 
     def walk(chunk_bytes):
-        handle = os.open(segment, os.O_RDONLY)
+        opened = Segment(OsFileIO(), str(segment.parent), 0, writable=False)
         try:
             return [(type(e).__name__, e.position, getattr(e, "base_offset", None))
-                    for e in walk_segment(handle, len(data), chunk_bytes)]
+                    for e in segment_events(opened, chunk_bytes)]
         finally:
-            os.close(handle)
+            opened.close()
 
     expected = [("Frame", f["position"], f["base_offset"]) for f in frames]
     expected[2] = ("BadSpot", frames[2]["position"], None)

@@ -37,7 +37,7 @@ import threading
 import pytest
 
 import streamlog
-from streamlog.scan import StopReason, TailState, scan_buffer
+from streamlog.scan import StopReason, scan_buffer
 from streamlog.testing.faultfs import CrashMode, FaultFileIO, flip_bit
 
 STREAM = "events"
@@ -662,7 +662,7 @@ def test_bit_flip_in_the_last_durable_frame_is_corruption_not_a_tear(tmp_path, s
     assert (raised.value.path, raised.value.position) == (segment, frame.position), context
     assert snapshot(path) == before, f"{context}: the acknowledged frame was cut"
     with open_log(path, readonly=True) as log:
-        assert recovery(log)["tail"] == "corrupt", context
+        assert recovery(log)["tail"] == "damaged", context
         records, error = _read_until_error(log)
         _assert_prefix_only(records, workload, frame.base_offset, context)
     assert snapshot(path) == before, context
@@ -702,7 +702,7 @@ def test_torn_tail_is_truncated_by_a_writer(tmp_path, tail):
     victim, size, extra = _tear_the_tail(path, tail)
     with open_log(path) as log:
         report = recovery(log)
-        assert report["tail"] == TailState.TORN.value, report
+        assert report["tail"] == "torn", report
         assert report["truncated_bytes"] == len(extra), report
         assert os.path.getsize(victim) == size
         check_log(log, workload, f"{tail}: writable")
@@ -773,10 +773,14 @@ def test_damaged_index_is_rebuilt(tmp_path, damage):
         check_log(log, workload, f"{damage}: reopened")
 
 
-def test_index_rolled_back_past_a_truncate_is_rebuilt(tmp_path):
-    """LMDB runs without sync, so a power loss may lose its latest commits while the
-    segment changes of truncate_after (fsynced) stay. The index is a cache: an older
-    recovery point that no longer fits the files must lead to a rebuild, not a refusal."""
+def test_recovery_point_past_the_files_is_damage_until_repaired(tmp_path):
+    """A recovery point is written only after the bytes before it are fsynced, and
+    truncate_after keeps it in step (its intent file and an index sync), so files that
+    end before it lost acknowledged bytes (here: an index restored from before a
+    truncate, which is indistinguishable): a writable open refuses rather than cut,
+    and `streamlog repair` (which moves nothing here: every byte is valid) drops the
+    index so the next open rebuilds it from what the files hold."""
+    from streamlog.cli import main as cli_main
     path = tmp_path / "log"
     workload = Workload(random.Random(11))
     index = os.path.join(partition_dir(path), "index")
@@ -789,8 +793,22 @@ def test_index_rolled_back_past_a_truncate_is_rebuilt(tmp_path):
         _forget_after(workload, cut)
     shutil.rmtree(index)
     shutil.copytree(tmp_path / "old-index", index)
+    # With the seal of the newer index beside it, the restored copy is seen for what
+    # it is (not the file that was sealed) and rebuilt.
+    shutil.copytree(path, tmp_path / "sealed-copy")
+    with open_log(tmp_path / "sealed-copy") as log:
+        assert recovery(log)["rebuilt_index"]
+        check_log(log, workload, "restored index with a newer seal")
+    # Without a seal nothing tells a stale index from lost bytes: refuse, repair.
+    os.unlink(index + ".seal")
+    segment = segment_paths(path)[-1]
+    with pytest.raises(streamlog.CorruptSegment) as raised:
+        open_log(path)
+    assert raised.value.path == segment
+    assert cli_main(["verify", str(path)]) == 1
+    assert cli_main(["repair", str(path)]) == 0
     with open_log(path) as log:
-        check_log(log, workload, "index rolled back past a truncate")
+        check_log(log, workload, "after repair")
 
 
 def test_index_rolled_back_into_a_rewritten_frame_is_rebuilt(tmp_path):
@@ -1089,8 +1107,11 @@ def test_crash_at_each_step_of_a_segment_roll(tmp_path):
     # Incompressible and too big for what is left: the append rolls a new segment.
     big = random.Random(41).randbytes(max(8192 - size + 1, 1))
     steps = steps_of(path, lambda log: log.append_sync(STREAM, big), segment_bytes_max=8192)
-    assert [op for _, op, _ in steps] == ["fsync", "create", "fsync_dir", "pwrite",
-                                          "fsync"], steps
+    # fsync the full segment; write its seal (temp file, fsync, rename, fsync the
+    # directory); create the next segment; write and fsync the append.
+    assert [op for _, op, _ in steps] == ["fsync", "create", "truncate", "pwrite", "fsync",
+                                          "rename", "fsync_dir", "create", "fsync_dir",
+                                          "pwrite", "fsync"], steps
     for number, mode in itertools.product(range(1, len(steps) + 1), MODES):
         context = f"roll: crash at step {number} {steps[number - 1][1:]} {mode.value}"
         copy = tmp_path / f"{number}-{mode.value}"
