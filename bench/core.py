@@ -69,6 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+if os.environ.get("PYTHONPATH"):  # another version's code first (bench/reopen.py --compare)
+    sys.path.insert(0, os.environ["PYTHONPATH"].split(os.pathsep)[0])
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
     DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,

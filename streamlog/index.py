@@ -26,8 +26,12 @@ flips over page headers). So a writer that closes cleanly seals the index: `inde
 beside it holds the size and xxh3_64 of `data.mdb` (seal.py's format). An open that
 finds a seal hashes the file before LMDB reads a byte of it (a few ms per MiB of index)
 and rebuilds the index when it does not match; a writable open removes the seal before
-it changes anything. An index without a seal (the writer was killed, or is alive in
-another process) is used as it is, with the checks above.
+it first changes the file. A writable open of an index without a seal (its writer was
+killed, or the machine lost power, and LMDB runs without sync) first lets a child
+process walk every page and try a write (`probe_index`, ~20 ms): if the child dies,
+the index is rebuilt; so does a read-only open when no writer is alive. A read-only
+open of a live writer's index (never sealed while it runs) uses it with the checks
+above only: a damaged page there can still crash the reading process.
 
 Big-endian fixed-width keys make byte order numeric order, so `set_range` is a seek.
 The environment is opened with sync off: the segments are the truth, and recovery
@@ -66,6 +70,8 @@ NO_HWM = -(1 << 63)
 assert _ENTRY.size == 48
 assert _RECOVERY.size == 32
 _SUM = struct.Struct("<Q")
+_KEY_BYTES_MAX = 511  # LMDB's own limit
+_VALUE_BYTES_MAX = 4096  # meta values (commit markers) are small
 FORMAT = b"2"  # 2: every value carries a checksum of its key and value
 
 
@@ -74,11 +80,17 @@ def _seal(key: bytes, value: bytes) -> bytes:
     return value + _SUM.pack(xxhash.xxh3_64_intdigest(key + value))
 
 
-def _open(key: bytes, stored, size: int | None = None) -> bytes:
-    """The value of a stored value, checked; raises CorruptIndex when damaged."""
-    stored = bytes(stored)
-    if len(stored) < _SUM.size or (size is not None and len(stored) != size + _SUM.size):
-        raise CorruptIndex(f"index value of key {key.hex()} has a wrong length")
+def _open(key, stored, size: int | None = None) -> bytes:
+    """The value of a stored value, checked; raises CorruptIndex when damaged.
+
+    `key` and `stored` may be LMDB buffers (views of the map): their lengths are checked
+    before a byte is copied, since a damaged length can reach past the end of the file
+    (reading there is SIGBUS, not an exception)."""
+    limit = _VALUE_BYTES_MAX if size is None else size + _SUM.size
+    if len(key) > _KEY_BYTES_MAX or not _SUM.size <= len(stored) <= limit or (
+            size is not None and len(stored) != limit):
+        raise CorruptIndex("an index key or value has a wrong length")
+    key, stored = bytes(key), bytes(stored)
     value = stored[:-_SUM.size]
     if _SUM.unpack(stored[-_SUM.size:])[0] != xxhash.xxh3_64_intdigest(key + value):
         raise CorruptIndex(f"index value of key {key.hex()} fails its checksum")
@@ -123,6 +135,82 @@ class RecoveryPoint(NamedTuple):
     hwm_us: int
 
 
+_LMDB_META = struct.Struct("<IIQQ")  # mm_magic, mm_version, mm_address, mm_mapsize
+_LMDB_MAGIC = 0xBEEFC0DE
+_P_INVALID = (1 << 64) - 1
+
+
+def check_lmdb_meta(data_path: str) -> str | None:
+    """What is wrong with an LMDB file's two meta pages, or None. Cheap (8 KiB read),
+    and it matters: LMDB trusts the newer meta's last page number and roots, and a bad
+    one makes it read past the end of the file (SIGBUS) instead of failing. Layout
+    (lmdb.h, 64-bit): page header 16 bytes, then magic u32, version u32, address u64,
+    mapsize u64, two MDB_db records of 48 bytes (the first's u32 pad is the page size;
+    each ends with its root page), last page u64, txnid u64."""
+    try:
+        with open(data_path, "rb") as handle:
+            head = handle.read(2 * 65536)
+        size = os.path.getsize(data_path)
+    except OSError as error:
+        return f"cannot read: {error}"
+    if len(head) < 160:
+        return "shorter than its meta pages"
+    page_bytes = struct.unpack_from("<I", head, 16 + 24)[0]
+    if page_bytes not in (4096, 8192, 16384, 65536) or len(head) < page_bytes + 160:
+        return f"impossible page size {page_bytes}"
+    metas = []
+    for number in (0, 1):
+        at = number * page_bytes + 16
+        magic, version, _, _ = _LMDB_META.unpack_from(head, at)
+        roots = [struct.unpack_from("<Q", head, at + 24 + 48 * i + 40)[0] for i in (0, 1)]
+        last_page, txnid = struct.unpack_from("<QQ", head, at + 24 + 96)
+        sane = (magic == _LMDB_MAGIC and version == 1 and (last_page + 1) * page_bytes <= size
+                and all(r == _P_INVALID or 2 <= r <= last_page for r in roots))
+        metas.append((txnid, sane))
+    newest = max(metas)
+    return None if newest[1] else "its current meta page is damaged"
+
+
+_PROBE = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], map_size=int(sys.argv[2]), max_dbs=6, subdir=True,
+                sync=False, metasync=False, readahead=False, create=False)
+with open("/dev/null", "wb") as sink:
+    env.copyfd(sink.fileno(), compact=True)  # walks every page of every tree, in C
+with env.begin(write=True) as txn:  # and the write path: free pages, the dbi table
+    for name in (b"offsets", b"times", b"meta", b"txns", b"open"):
+        db = env.open_db(name, txn=txn, create=False)
+        txn.put(b"~probe", b"", db=db)
+    txn.abort()
+env.close()
+"""
+
+
+def probe_index(path: str, map_bytes: int) -> str | None:
+    """Let a child process use an index no clean close sealed (its writer was killed,
+    or the machine lost power with LMDB unsynced) before this process does: LMDB can
+    crash on a damaged page, and a crash there is a rebuild here, not a dead writer.
+    Walks every page in C (mdb_env_copy with compaction) and tries a write that it
+    aborts. Returns None when the child succeeded, else what happened to it."""
+    import subprocess
+    import sys
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, path, str(map_bytes)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"the probe did not finish in {PROBE_TIMEOUT_S} s"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    how = (f"killed by signal {-done.returncode}" if done.returncode < 0
+           else f"exit {done.returncode}")
+    return f"{how}: {lines[-1] if lines else 'no message'}"
+
+
+PROBE_TIMEOUT_S = 60
+
+
 def _time_key(hwm_us: int) -> bytes:
     return _KEY.pack(hwm_us + _HWM_BIAS)
 
@@ -145,7 +233,8 @@ def _entry(key: bytes, stored) -> IndexEntry:
 
 
 class Index:
-    def __init__(self, path: str, *, readonly: bool, map_bytes: int) -> None:
+    def __init__(self, path: str, *, readonly: bool, map_bytes: int,
+                 probe_unsealed: bool = True) -> None:
         self.path = path
         self.readonly = readonly
         self._env = None
@@ -158,11 +247,19 @@ class Index:
         # ahead of what this open scanned); the overlay stands in for them.
         self._hidden_from: int | None = None
         self._sealed = False  # a writable open's seal still on disk (see _write)
+        # True when the file matched its seal at open (or was rebuilt here): a record
+        # it lacks is then truly absent, not lost to a damaged page.
+        self.verified = False
         self.reopened_txns: list[int] = []
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
-        self._check_seal()
+        if not self._check_seal():
+            problem = check_lmdb_meta(os.path.join(path, "data.mdb"))
+            if problem is None and probe_unsealed:
+                problem = probe_index(path, map_bytes)
+            if problem is not None:
+                raise CorruptIndex(f"index {path} failed its check: {problem}")
         try:
             self._env = lmdb.open(path, map_size=map_bytes, max_dbs=6, subdir=True,
                                   readonly=readonly, lock=not readonly, sync=False,
@@ -184,12 +281,15 @@ class Index:
     def seal_path(self) -> str:
         return self.path + ".seal"
 
-    def _check_seal(self) -> None:
+    def _check_seal(self) -> bool:
         """Compare data.mdb with the seal a clean close left (see the docstring);
-        raises CorruptIndex when they differ. A writable open removes the seal."""
+        raises CorruptIndex when they differ. Returns False when there is no seal."""
         data_path = os.path.join(self.path, "data.mdb")
-        if not os.path.exists(self.seal_path) or not os.path.exists(data_path):
-            return  # no seal; or no index at all, which a writer creates (and reseals)
+        if not os.path.exists(data_path):
+            self.verified = True  # no index at all: this writer builds it from scratch
+            return True
+        if not os.path.exists(self.seal_path):
+            return False
         try:
             with open(self.seal_path, "rb") as handle:
                 seal = decode_seal(handle.read())
@@ -202,6 +302,12 @@ class Index:
         except OSError as error:
             raise CorruptIndex(f"cannot check index {data_path}: {error}") from None
         self._sealed = not self.readonly  # removed before the first write (_write)
+        self.verified = True
+        return True
+
+    def _read(self):
+        """A read transaction whose values are views, checked before they are copied."""
+        return self._env.begin(buffers=True)
 
     def _write(self):
         """A write transaction; the first one removes the seal (the file changes)."""
@@ -212,7 +318,7 @@ class Index:
         return self._env.begin(write=True)
 
     def _check_format(self) -> None:
-        with self._env.begin() as txn:
+        with self._read() as txn:
             stored = txn.get(b"format", db=self._meta)
             if stored is not None:
                 if _open(b"format", stored) != FORMAT:
@@ -304,10 +410,10 @@ class Index:
 
     @_guard
     def _stored_txn(self, txn_id: int):
-        if self._env is None:
-            return None
+        if self._env is None or self._hidden_from == 0:
+            return None  # no index, or a read-only rebuild that replaced it all
         key = _KEY.pack(txn_id)
-        with self._env.begin() as txn:
+        with self._read() as txn:
             value = txn.get(key, db=self._txns)
             if value is None:
                 return None
@@ -323,7 +429,7 @@ class Index:
         """{txn_id: first offset} of transactions with no commit or abort yet."""
         out = {}
         if self._env is not None:
-            with self._env.begin() as txn:
+            with self._read() as txn:
                 for key, value in txn.cursor(self._open):
                     (first,) = _KEY.unpack(_open(key, value, _KEY.size))
                     if self._hidden_from is None or first < self._hidden_from:
@@ -346,7 +452,7 @@ class Index:
         Runs at a writable open before any marker could be written from them."""
         if self._env is None:
             return
-        with self._env.begin() as txn:
+        with self._read() as txn:
             for db, size in ((self._txns, _TXN.size), (self._open, _KEY.size)):
                 for key, value in txn.cursor(db):
                     if len(key) != _KEY.size:
@@ -398,7 +504,7 @@ class Index:
             return False
         if self.last_entry is not None and self.last_entry.next_offset > offset:
             return False
-        with self._env.begin() as txn:
+        with self._read() as txn:
             for _, value in txn.cursor(self._txns):
                 key_state = _TXN.unpack(_open(_, value, _TXN.size))
                 if key_state[1] >= offset or key_state[2] >= offset:
@@ -445,6 +551,7 @@ class Index:
     @_guard
     def clear(self) -> None:
         """Forget everything (before a rebuild from the segments)."""
+        self.verified = True
         if self._env is not None and not self.readonly:
             with self._write() as txn:
                 for db in (self._offsets, self._times, self._meta, self._txns, self._open):
@@ -475,7 +582,7 @@ class Index:
     def _get_meta(self, key: bytes) -> bytes | None:
         if self._env is None:
             return None
-        with self._env.begin() as txn:
+        with self._read() as txn:
             stored = txn.get(key, db=self._meta)
             return None if stored is None else _open(key, stored)
 
@@ -490,7 +597,7 @@ class Index:
             if self._hidden_from == 0:
                 return None
             offset = min(offset, self._hidden_from - 1)
-        with self._env.begin() as txn:
+        with self._read() as txn:
             cursor = txn.cursor(self._offsets)
             key = _KEY.pack(offset)
             if cursor.set_range(key):
@@ -507,7 +614,7 @@ class Index:
         """The first batch whose running-max timestamp reaches `timestamp_us`, or None."""
         base = None
         if self._env is not None:
-            with self._env.begin() as txn:
+            with self._read() as txn:
                 cursor = txn.cursor(self._times)
                 if cursor.set_range(_time_key(timestamp_us)):
                     base = _time_value(cursor.key(), cursor.value())
@@ -522,7 +629,7 @@ class Index:
     @_guard
     def first_entry(self) -> IndexEntry | None:
         if self._env is not None:
-            with self._env.begin() as txn:
+            with self._read() as txn:
                 cursor = txn.cursor(self._offsets)
                 if cursor.first():
                     entry = _entry(cursor.key(), cursor.value())
@@ -535,7 +642,7 @@ class Index:
             return None
         if self._hidden_from is not None:
             return self.lookup_offset(self._hidden_from - 1) if self._hidden_from else None
-        with self._env.begin() as txn:
+        with self._read() as txn:
             cursor = txn.cursor(self._offsets)
             if cursor.last():
                 return _entry(cursor.key(), cursor.value())

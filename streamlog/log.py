@@ -87,6 +87,9 @@ class Log:
         self.closed = False
         self.scrubber = None
         self._prepare_directory(create)
+        # An index no clean close sealed is probed in a child process before use by a
+        # writer, and by a reader when no writer is alive (one was killed): see index.py.
+        self._probe_unsealed = not readonly or not writer_alive(self.path)
         try:
             for name in self._stream_names():
                 self._open_stream(name, progress)
@@ -172,6 +175,7 @@ class Log:
             partitions.append(Partition(
                 layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
                 self.config, self.fileio, readonly=self.readonly,
+                probe_unsealed=self._probe_unsealed,
                 progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
                 if progress else None))
 
@@ -504,6 +508,27 @@ def take_writer_lock(path: str):
         handle.close()
         raise LogLocked(f"{path} is open for writing by another process") from None
     return handle
+
+
+def writer_alive(path: str) -> bool:
+    """Does a process hold the log's writer lock now? Read from /proc/locks without
+    touching the lock (taking it, even for a moment, could turn a writer away). Where
+    that cannot be read, the answer is yes (the cautious one for its callers)."""
+    try:
+        inode = os.stat(os.path.join(path, "LOCK")).st_ino
+    except OSError:
+        return False  # no LOCK file: no writer has ever opened the log
+    try:
+        with open("/proc/locks", "rb") as handle:
+            table = handle.read().decode("ascii", "replace")
+    except OSError:
+        return True
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(
+                inode):
+            return True
+    return False
 
 
 def partition_for_key(key: bytes, count: int) -> int:

@@ -45,13 +45,14 @@ log = logging.getLogger("streamlog.partition")
 
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
-                 fileio, *, readonly: bool, progress=None) -> None:
+                 fileio, *, readonly: bool, progress=None, probe_unsealed: bool = True) -> None:
         self.directory = directory
         self.name = name
         self.number = number
         self.config = config
         self.fileio = fileio
         self.readonly = readonly
+        self.probe_unsealed = probe_unsealed
         self.closed = False
         self._holds: dict[int, int] = {}
         self.truncations: list[int] = []  # new end offsets, one per truncate_after
@@ -134,12 +135,15 @@ class Partition:
         """TxnState of a transaction, or None when it has no data here. `seen_at` is
         the offset of one of its data records when the caller saw one (a reader): a
         transaction the index does not know then cannot be unknown, and its state is
-        derived from the markers in the segments."""
+        derived from the markers in the segments. So it is when the index could not be
+        verified at open (no seal): an unknown id then costs a walk of the partition."""
         try:
             found = self.index.txn_state(txn_id)
-        except CorruptIndex as error:
+        except CorruptIndex as error:  # its cached state is damaged: walk the partition
             log.warning("%s: deriving transaction %#x from the segments", error, txn_id)
-            found = None
+            found, seen_at = None, self.start_offset if seen_at is None else seen_at
+        if found is None and seen_at is None and not self.index.verified:
+            seen_at = self.start_offset  # a damaged page may have lost it: look
         if found is None and seen_at is not None:
             found = self.derive_txn(txn_id, seen_at)
         return None if found is None else TxnState(found[0])
@@ -156,8 +160,8 @@ class Partition:
                 seen = frame.base_offset
             if frame.has_control:
                 for _, state, offset, _, _ in recovery_module.txn_events(frame)[1:]:
-                    return (int(state), min(seen, first), offset)
-        return None if seen is None else (int(TxnState.OPEN), min(seen, first), 0)
+                    return (int(state), seen, offset)
+        return None if seen is None else (int(TxnState.OPEN), seen, 0)
 
     def _open_txns_from_segments(self) -> dict[int, int]:
         """{txn_id: first offset} of transactions with data and no marker, from a walk
@@ -196,7 +200,8 @@ class Partition:
     def _open_index(self) -> Index:
         path = os.path.join(self.directory, "index")
         try:
-            return Index(path, readonly=self.readonly, map_bytes=self.config.index_map_bytes)
+            return Index(path, readonly=self.readonly, map_bytes=self.config.index_map_bytes,
+                         probe_unsealed=self.probe_unsealed)
         except CorruptIndex as error:
             self._index_problem = str(error)
             log.warning("%s: rebuilding it from the segments", error)
@@ -397,6 +402,10 @@ class Partition:
     def read_batch(self, entry: IndexEntry) -> Columns:
         """The columns of the batch an index entry names (checked against its frame)."""
         for frame in self.disk_frames(entry.base_offset):
+            if frame.next_offset <= entry.base_offset:
+                continue  # read from an earlier frame (the index could not place it)
+            if frame.base_offset != entry.base_offset:
+                break
             return decode_columns(frame)
         raise OffsetOutOfRange(f"batch at offset {entry.base_offset} is gone")
 

@@ -135,8 +135,9 @@ def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
         index.clear()
         claim = Claim(IndexClaim.ABSENT)
     state, end = _walk_tail(segments, index, claim, report, chunk_bytes, progress)
-    if claim.kind is IndexClaim.ABSENT and report.frames_indexed:
-        report.rebuilt_index = True  # every entry came from the segments just now
+    if claim.kind is IndexClaim.ABSENT:
+        index.verified = True  # every entry came from the segments just now
+        report.rebuilt_index = report.frames_indexed > 0
     durable = (claim.point.segment_base, claim.point.position) if claim.point else None
     continues = continues_after(segments, end, chunk_bytes)
     observation = observe(claim.kind, end, continues=continues, durable_until=durable,
@@ -145,9 +146,11 @@ def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
     _act(segments, index, report, state, end, writable)
     if writable and index.last_entry is not None:
         last = segments[state.end_segment]
-        last.fsync()
-        index.set_recovery_point(RecoveryPoint(last.base_offset, state.end_position,
-                                               state.next_offset, index.last_entry.hwm_after_us))
+        point = RecoveryPoint(last.base_offset, state.end_position, state.next_offset,
+                              index.last_entry.hwm_after_us)
+        if point != claim.point:  # a clean open changes nothing (the index stays sealed)
+            last.fsync()
+            index.set_recovery_point(point)
     report.seconds = time.monotonic() - started
     return state, report
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
 
 import lmdb
 import pytest
@@ -300,3 +299,17 @@ def test_6_repair_moves_the_damage_aside_and_says_what_it_cut(tmp_path, capsys):
     with streamlog.open_log(path) as log:
         assert [r.value for r in log.reader(STREAM, 0)] == values[:frame.base_offset]
     assert cli_main(["verify", str(path)]) == 0
+
+
+def test_writer_alive_follows_the_writer_lock(tmp_path):
+    """Readers probe an unsealed index only when no writer is alive: the lock is read
+    from /proc/locks, never taken."""
+    from streamlog.log import writer_alive
+    path = str(tmp_path / "log")
+    assert not writer_alive(path)  # no log, no LOCK file
+    log = streamlog.open_log(path)
+    try:
+        assert writer_alive(path) == os.path.exists("/proc/locks")
+    finally:
+        log.close()
+    assert not writer_alive(path)
