@@ -10,7 +10,7 @@ Command (from the repository root):
 Writes bench/results/cec.json (flat: named numbers, plus "command" and "cpu_count"),
 prints progress on stderr and the tables on stdout.
 
-The operator is streamlog.cec.AggregateOperator: count windows per key computing count,
+The operator is streamlog.operators.cec.AggregateOperator: count windows per key computing count,
 sum, min, max and average of an int64 price, reading one input partition and writing
 one output partition (fsync="always", one append per chunk of input). Input records are
 the paper's 100-byte tuples: an 8-byte item id as the key, a 92-byte value starting with
@@ -61,7 +61,7 @@ the price; timestamps rise by 10 us per record; keys are uniformly random.
     shows the same cost of the time spent on G_CHECKs).
 
 Crash trials. crash_trials random-crash recoveries, half CEC and half CRB: a child
-process runs the job (streamlog.cec.job_main) on 20,000 skewed records and is killed
+process runs the job (streamlog.operators.cec.job_main) on 20,000 skewed records and is killed
 with SIGKILL at a random moment (uniform over the time an uninterrupted run took), up
 to 4 times (at least once), then left to finish; crash_trials_exact counts the trials
 whose results (R records) equal those of a failure-free run exactly.
@@ -92,9 +92,9 @@ from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script
 import numpy as np  # noqa: E402
 
 import streamlog  # noqa: E402
-from streamlog.cec import AggregateOperator, CECPolicy, WindowSpec  # noqa: E402
-from streamlog.checkpoint import CheckpointPolicy, CheckpointStore  # noqa: E402
-from streamlog.operator import OperatorRuntime  # noqa: E402
+from streamlog.operators.cec import AggregateOperator, CECPolicy, WindowSpec  # noqa: E402
+from streamlog.operators.checkpoint import CheckpointPolicy, CheckpointStore  # noqa: E402
+from streamlog.operators.runtime import OperatorRuntime  # noqa: E402
 
 KEY_BYTES, VALUE_BYTES = 8, 92  # the paper's 100-byte tuple
 TUPLE_BYTES = KEY_BYTES + VALUE_BYTES
@@ -418,7 +418,7 @@ def _crash_spec(input_path: Path, out: Path, mode: str) -> dict:
 def _run_child(spec: dict, kill_after_s: float | None) -> tuple[bool, float]:
     """Run the job in a child; SIGKILL it `kill_after_s` after READY. Returns (completed,
     seconds from READY to exit)."""
-    code = "from streamlog.cec import job_main; job_main()"
+    code = "from streamlog.operators.cec import job_main; job_main()"
     child = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -1,4 +1,4 @@
-"""`python -m streamlog ...` runs the command line (see streamlog/cli.py)."""
+"""`python -m streamlog ...` runs the command line (see streamlog/cli/)."""
 
 import sys
 

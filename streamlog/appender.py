@@ -260,7 +260,7 @@ class Appender:
 
     def _commit(self, group: list[Pending]) -> list:
         part = self.partition
-        frames, entries, published, results = [], [], [], []
+        frames, entries, published = [], [], []
         offset, hwm = part.next_offset, part.hwm_us
         frame_pieces: list[Piece] = []
         owners, running = [], offset

@@ -25,7 +25,7 @@ import time
 
 from . import layout
 from .config import LogConfig
-from .errors import CorruptFrame, CorruptIndex
+from .errors import CorruptFrame, CorruptIndex, CorruptionError, InvalidArgument
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .frame import HEADER_BYTES, INCOMPLETE, Frame, decode_header
 from .index import Index
@@ -101,6 +101,27 @@ def open_segments(directory: str, fileio=None) -> list[Segment]:
     names = fileio.listdir(directory) if os.path.isdir(directory) else []
     bases = sorted(b for b in map(layout.parse_segment_name, names) if b is not None)
     return [Segment(fileio, directory, base, writable=False) for base in bases]
+
+
+def partition_dirs(path: str, stream: str | None = None, partition: int | None = None):
+    """(stream, number, directory) of every partition, from the files alone."""
+    root = layout.streams_dir(path)
+    names = sorted(n for n in (os.listdir(root) if os.path.isdir(root) else ())
+                   if os.path.exists(os.path.join(root, n, "stream.json")))
+    if stream is not None:
+        if stream not in names:
+            raise InvalidArgument(f"no stream named {stream!r} in {path}")
+        names = [stream]
+    for name in names:
+        meta = os.path.join(layout.stream_dir(path, name), "stream.json")
+        try:
+            with open(meta, "rb") as handle:
+                count = int(json.loads(handle.read())["partitions"])
+        except (ValueError, KeyError, TypeError):
+            raise CorruptionError(f"{meta} is damaged") from None
+        for number in range(count):
+            if partition is None or partition == number:
+                yield name, number, layout.partition_dir(path, name, number)
 
 
 def _view_intent(directory: str, segments: list, fileio) -> tuple[list, str | None]:

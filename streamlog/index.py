@@ -173,29 +173,34 @@ def check_lmdb_meta(data_path: str) -> str | None:
 
 _PROBE = """
 import sys, lmdb
+writable = sys.argv[3] == "writable"  # a read-only probe changes no file, lock.mdb neither
 env = lmdb.open(sys.argv[1], map_size=int(sys.argv[2]), max_dbs=6, subdir=True,
-                sync=False, metasync=False, readahead=False, create=False)
+                readonly=not writable, lock=writable, sync=False, metasync=False,
+                readahead=False, create=False)
 with open("/dev/null", "wb") as sink:
     env.copyfd(sink.fileno(), compact=True)  # walks every page of every tree, in C
-with env.begin(write=True) as txn:  # and the write path: free pages, the dbi table
-    for name in (b"offsets", b"times", b"meta", b"txns", b"open"):
-        db = env.open_db(name, txn=txn, create=False)
-        txn.put(b"~probe", b"", db=db)
-    txn.abort()
+if writable:
+    with env.begin(write=True) as txn:  # and the write path: free pages, the dbi table
+        for name in (b"offsets", b"times", b"meta", b"txns", b"open"):
+            db = env.open_db(name, txn=txn, create=False)
+            txn.put(b"~probe", b"", db=db)
+        txn.abort()
 env.close()
 """
 
 
-def probe_index(path: str, map_bytes: int) -> str | None:
+def probe_index(path: str, map_bytes: int, *, writable: bool) -> str | None:
     """Let a child process use an index no clean close sealed (its writer was killed,
     or the machine lost power with LMDB unsynced) before this process does: LMDB can
     crash on a damaged page, and a crash there is a rebuild here, not a dead writer.
-    Walks every page in C (mdb_env_copy with compaction) and tries a write that it
-    aborts. Returns None when the child succeeded, else what happened to it."""
+    Walks every page in C (mdb_env_copy with compaction) and, for a writer, tries a
+    write that it aborts (a reader's probe opens the file read-only, without even
+    LMDB's lock file). Returns None when the child succeeded, else what happened."""
     import subprocess
     import sys
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, path, str(map_bytes)],
+        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, path, str(map_bytes),
+                               "writable" if writable else "readonly"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -257,7 +262,7 @@ class Index:
         if not self._check_seal():
             problem = check_lmdb_meta(os.path.join(path, "data.mdb"))
             if problem is None and probe_unsealed:
-                problem = probe_index(path, map_bytes)
+                problem = probe_index(path, map_bytes, writable=not readonly)
             if problem is not None:
                 raise CorruptIndex(f"index {path} failed its check: {problem}")
         try:

@@ -4,9 +4,12 @@
     LOG/LOCK                                 held (flock) by the one writing process
     LOG/streams/STREAM/stream.json           {"partitions": P}
     LOG/streams/STREAM/P/00000000000000000000.log   segments, named by base offset
+    LOG/streams/STREAM/P/00000000000000000000.seal  whole-file checksum of a rolled segment
     LOG/streams/STREAM/P/index/              the LMDB index (a cache of the segments)
-    LOG/streams/STREAM/P/clean               clean-shutdown marker
+    LOG/streams/STREAM/P/index.seal          the index's checksum, written by a clean close
+    LOG/streams/STREAM/P/scrub.json          the partition's last full verification
     LOG/streams/STREAM/P/truncate.intent     a truncate_after in progress
+    LOG/quarantine/STREAM/P/TIME/            bytes `streamlog repair` cut
 
 A segment being deleted is first renamed to `.log.deleted`; recovery removes leftovers.
 """

@@ -63,7 +63,7 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     """Encode parallel sequences into a raw payload. Returns (payload, flags).
 
     `kinds` None means all DATA; `headers` None means no record has headers. The caller
-    has validated types and sizes (appender.validate_records).
+    has validated types and sizes (validate.records).
     """
     n = len(values)
     assert n >= 1

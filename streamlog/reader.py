@@ -31,7 +31,6 @@ from .txn import TxnState
 
 _tokens = itertools.count(1)
 _WAIT = object()
-WAIT = _WAIT
 
 
 class Reader:

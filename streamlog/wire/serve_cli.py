@@ -1,7 +1,7 @@
 """`streamlog serve LOG`: run the daemon (DESIGN 9 and 10).
 
 Strategy: `add_serve_parser(subparsers)` registers the verb on the main command line and
-`run_serve(args) -> exit code` runs it, so streamlog/cli.py wires `serve` with two calls.
+`run_serve(args) -> exit code` runs it, so streamlog/cli/__init__.py wires `serve` with two calls.
 `main(argv)` runs the same thing standalone (`python -m streamlog.wire.serve_cli LOG`).
 
 The token comes from STREAMLOG_TOKEN only (never a flag: argv is visible to every user

@@ -11,11 +11,11 @@ import struct
 import pytest
 
 import streamlog
-from streamlog.cec import (AggregateOperator, CECPolicy, WindowSpec, decode_window_record,
+from streamlog.operators.cec import (AggregateOperator, CECPolicy, WindowSpec, decode_window_record,
                            iter_batches_backwards)
-from streamlog.checkpoint import Checkpoint, CheckpointPolicy, CheckpointStore
+from streamlog.operators.checkpoint import Checkpoint, CheckpointPolicy, CheckpointStore
 from streamlog.errors import CorruptionError, InvalidArgument
-from streamlog.operator import OperatorRuntime
+from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
 
 COUNT = WindowSpec.count(7)

@@ -10,11 +10,11 @@ import lmdb
 import pytest
 
 import streamlog
-from streamlog.checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
+from streamlog.operators.checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
                                   CheckpointStore, Outcome)
 from streamlog.errors import CorruptionError, InvalidArgument, StreamLogError
-from streamlog.operator import OperatorRuntime
-from streamlog.recovery_report import LOAD, LOCATE, REPLAY, TRUNCATE
+from streamlog.operators.runtime import OperatorRuntime
+from streamlog.operators.recovery_report import LOAD, LOCATE, REPLAY, TRUNCATE
 
 _SUM = struct.Struct("<qq")
 

@@ -564,8 +564,8 @@ def test_top_level_help_and_package_entry_point():
 def test_progress_is_shown_only_on_a_terminal(log_dir):
     pty = pytest.importorskip("pty")
     build_log(log_dir, [([b"x"] * 5000, [1] * 5000)])
-    code = ("import sys, streamlog.cli as cli\n"
-            "cli.PROGRESS_DELAY_S = cli.PROGRESS_EVERY_S = 0\n"
+    code = ("import sys, streamlog.cli as cli, streamlog.cli.common as common\n"
+            "common.PROGRESS_DELAY_S = common.PROGRESS_EVERY_S = 0\n"
             "sys.exit(cli.main(sys.argv[1:]))\n")
     master, slave = pty.openpty()
     try:

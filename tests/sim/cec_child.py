@@ -13,7 +13,7 @@ any moment, including during recovery.
 import json
 import sys
 
-from streamlog import cec
+from streamlog.operators import cec
 
 
 def main() -> None:

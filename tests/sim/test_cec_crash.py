@@ -29,8 +29,8 @@ import time
 import pytest
 
 import streamlog
-from streamlog.cec import AggregateOperator, WindowSpec
-from streamlog.operator import OperatorRuntime
+from streamlog.operators.cec import AggregateOperator, WindowSpec
+from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
 
 pytestmark = pytest.mark.slow

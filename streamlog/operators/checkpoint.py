@@ -47,7 +47,7 @@ from typing import Callable, Protocol
 import lmdb
 import xxhash
 
-from .errors import CorruptionError, InvalidArgument, StreamLogError
+from ..errors import CorruptionError, InvalidArgument, StreamLogError
 
 log = logging.getLogger("streamlog.checkpoint")
 

@@ -46,9 +46,9 @@ from typing import Callable, Protocol
 import pyarrow as pa
 
 from .checkpoint import Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer, CheckpointStore
-from .errors import InvalidArgument, StreamLogError
+from ..errors import InvalidArgument, StreamLogError
 from .recovery_report import LOAD, LOCATE, REPLAY, TRUNCATE, RecoveryReport
-from .records import RecordKind
+from ..records import RecordKind
 
 # Bounds (house style: a limit on everything).
 CHUNK_RECORDS_MAX = 1 << 16

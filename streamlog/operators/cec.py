@@ -68,9 +68,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptionError, InvalidArgument
+from ..errors import CorruptionError, InvalidArgument
 from .recovery_report import LOAD, RECONSTRUCT, TRUNCATE, RecoveryReport
-from .records import RecordKind
+from ..records import RecordKind
 
 # Value of every output record: in_offset, n_open, hwm_us, first_offset, last_offset,
 # start_us, end_us, count, sum, min, max (int64) and avg (float64), little-endian.
@@ -787,7 +787,7 @@ def run_aggregate_job(spec: dict) -> dict:
     checkpoint_interval_s, store_path, chunk_records, fsync, output_options, progress."""
     import streamlog
     from .checkpoint import CheckpointPolicy, CheckpointStore
-    from .operator import OperatorRuntime
+    from .runtime import OperatorRuntime
     from .recovery_report import print_progress
     operator = build_operator(spec)
     store = None
@@ -817,7 +817,7 @@ def run_aggregate_job(spec: dict) -> dict:
 
 
 def job_main(argv: list[str] | None = None) -> None:
-    """`python -c "from streamlog.cec import job_main; job_main()" SPEC_JSON`: prints
+    """`python -c "from streamlog.operators.cec import job_main; job_main()" SPEC_JSON`: prints
     READY once imported, runs the job, prints its summary as one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])

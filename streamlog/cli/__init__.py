@@ -1,0 +1,126 @@
+"""The `streamlog` command line: append, read, info, dump, verify, repair (DESIGN 10).
+
+Strategy: one `argparse` subcommand per verb; each command module has `add(subparsers)`,
+which registers it with its `run(args) -> exit code`, and is listed in `_commands()`.
+`main()` is the only place that turns exceptions into exit codes and one-line messages:
+
+    0    success
+    1    corruption found, or a data error (damaged files, a failed write)
+    2    usage errors and malformed input
+    3    cannot reach or authenticate to a daemon (with the daemon client)
+    130  interrupted (Ctrl-C);  141  the reader of stdout went away (`| head`)
+
+One module per command (append.py, read.py, info.py, dump.py, verify.py, repair.py;
+`serve` is streamlog/wire/serve_cli.py), what they share in common.py. `append` and
+`read` go through the public API (`open_log`); `read` opens the log read-only, which
+never modifies a file. `info`, `dump`, `verify` and `repair` judge the files with the
+same walker and decision table as an open (check.py, integrity.py), so no two commands
+disagree about the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ..errors import (CorruptionError, InvalidArgument, OffsetOutOfRange, ReadOnlyLog,
+                      StreamLogError, UnknownStream)
+from .common import (EXIT_BROKEN_PIPE, EXIT_DAEMON, EXIT_DATA, EXIT_INTERRUPTED, EXIT_USAGE,
+                     CliError, DataError, Parser, UsageError, format_timestamp,
+                     parse_timestamp)
+from .append import parse_append_line
+
+
+def _add_serve(subparsers) -> None:
+    from ..wire.serve_cli import add_serve_parser, run_serve
+    add_serve_parser(subparsers).set_defaults(run=run_serve)
+
+
+def _commands():
+    from . import append, dump, info, read, repair, verify
+    # A new subcommand is one more module with `add(subparsers)` here.
+    return (append.add, read.add, info.add, dump.add, verify.add, repair.add, _add_serve)
+
+
+_MAIN_EPILOG = """\
+exit codes:
+  0    success
+  1    corruption found, or a data error
+  2    usage errors and malformed input
+  3    cannot reach or authenticate to a daemon
+  130  interrupted;  141  stdout was closed by its reader (e.g. `| head`)
+
+Run 'streamlog COMMAND --help' for a command's options and examples.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="streamlog", description="A durable stream log.",
+                    epilog=_MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in _commands():
+        add(subparsers)
+    return parser
+
+
+# -- main ------------------------------------------------------------------------------
+
+def _configure_logging(show_warnings: bool) -> None:
+    """Recovery warnings (a torn tail truncated) as one line each when writing; read-only
+    commands report what they find themselves."""
+    logger = logging.getLogger("streamlog")
+    logger.propagate = False
+    logger.handlers[:] = []
+    if not show_warnings:
+        logger.addHandler(logging.NullHandler())
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("streamlog: warning: %(message)s"))
+    handler.addFilter(lambda record: record.levelno == logging.WARNING)
+    logger.addHandler(handler)
+
+
+def _exit_code(error: BaseException) -> int:
+    from ..wire.protocol import DaemonError, ProtocolError
+    if isinstance(error, CliError):
+        return error.code
+    if isinstance(error, (DaemonError, ProtocolError)):
+        return EXIT_DAEMON
+    if isinstance(error, CorruptionError):
+        return EXIT_DATA
+    if isinstance(error, (InvalidArgument, UnknownStream, OffsetOutOfRange, ReadOnlyLog)):
+        return EXIT_USAGE
+    if isinstance(error, (StreamLogError, OSError)):
+        return EXIT_DATA
+    return EXIT_USAGE  # ValueError from what the user gave
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush
+    does not complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(getattr(args, "show_warnings", False))
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except (StreamLogError, CliError, OSError, ValueError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        sys.stderr.write(f"streamlog: error: {message}\n")
+        return _exit_code(error)
+
+
+__all__ = ["main", "build_parser", "parse_timestamp", "format_timestamp", "parse_append_line",
+           "CliError", "UsageError", "DataError"]
