@@ -9,6 +9,7 @@ crash recovery.
             print(record.offset, record.value)
 """
 
+from .api import LogAPI
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
                      InvalidAppend, InvalidArgument, LogClosed, LogLocked, OffsetOutOfRange,
@@ -18,7 +19,7 @@ from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
 
 __all__ = [
-    "open_log", "Log", "Reader", "LogConfig", "FsyncPolicy", "Compression",
+    "open_log", "Log", "LogAPI", "Reader", "LogConfig", "FsyncPolicy", "Compression",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",

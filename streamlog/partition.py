@@ -456,7 +456,9 @@ class Partition:
             result = scan_buffer(data, 0, expect_offset=expect)
             if not result.frames and result.stop is StopReason.INCOMPLETE and (
                     len(data) < size - position):
-                data = segment.read(position, min(max(_frame_bytes(data), chunk),
+                head = data if len(data) >= HEADER_BYTES else segment.read(position,
+                                                                            HEADER_BYTES)
+                data = segment.read(position, min(max(_frame_bytes(head), chunk),
                                                   size - position))
                 result = scan_buffer(data, 0, expect_offset=expect)
             end = self.next_offset

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 class RecordKind(enum.IntEnum):
     DATA = 0
-    COMMIT = 1  # transaction commit marker; value = transaction id (8 bytes, big-endian)
-    ABORT = 2  # transaction abort marker; value as COMMIT
+    COMMIT = 1  # transaction commit marker; value = tag and marker (txn.encode_commit)
+    ABORT = 2  # transaction abort marker; value empty
     G_OPEN = 3  # CEC footprint written when a window opens
     G_CHECK = 4  # CEC footprint written for a slow window
     CHECKPOINT = 5  # operator checkpoint note (CRB)

@@ -80,8 +80,9 @@ def segment_frames(segment, position: int, next_offset: int | None, chunk_bytes:
         result = scan_buffer(data, 0, expect_offset=next_offset)
         if result.stop is StopReason.INCOMPLETE and result.end == 0 and (
                 len(data) < size - position):
-            # one frame larger than a chunk: read it whole
-            data = segment.read(position, min(size - position, _frame_bytes(data, chunk_bytes)))
+            # one frame larger than a chunk: read it whole (its header says how long)
+            head = data if len(data) >= HEADER_BYTES else segment.read(position, HEADER_BYTES)
+            data = segment.read(position, min(size - position, _frame_bytes(head, chunk_bytes)))
             result = scan_buffer(data, 0, expect_offset=next_offset)
         if result.frames:
             frames = [dataclasses.replace(f, position=position + f.position)
