@@ -4,6 +4,7 @@ scrubbed with an injected clock and sleep (no real waiting, except in the stop t
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
@@ -316,3 +317,56 @@ def test_unwritable_scrub_json_is_logged(partition, caplog):
     os.mkdir(os.path.join(directory, SCRUB_FILE))
     assert len(scrubber_for(paths, directory).run_pass()) == 5
     assert f"cannot write {SCRUB_FILE}" in caplog.text
+
+
+# -- wired in: a local writer that asks for it, and the daemon --------------------------
+
+def _wait_for(predicate, timeout_s: float = 20.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_writer_that_asks_scrubs_its_sealed_segments_and_info_shows_it(tmp_path):
+    path = str(tmp_path / "log")
+    with streamlog.open_log(path, segment_bytes_max=4096, compression="none",
+                            scrub_bytes_per_s=1 << 30, scrub_interval_s=0.05) as log:
+        log.create_stream("s")
+        for batch in range(30):
+            log.append_batch_sync("s", [b"%d" % batch * 50] * 4)
+        assert log.scrubber is not None
+        status = _wait_for(lambda: log.info()["streams"]["s"]["partitions"][0]["verified"])
+        assert status["result"] == "ok" and status["segments"] >= 2
+        sealed = sorted(glob.glob(os.path.join(path, "streams", "s", "0", "*.log")))[0]
+        with open(sealed, "r+b") as handle:  # bit rot in a sealed segment, under a writer
+            handle.seek(200)
+            byte = handle.read(1)[0]
+            handle.seek(200)
+            handle.write(bytes([byte ^ 1]))
+        status = _wait_for(lambda: (lambda s: s if s and s["result"] == "corrupt" else None)(
+            log.info()["streams"]["s"]["partitions"][0]["verified"]))
+        assert status["findings"][0]["segment"] == os.path.basename(sealed)
+        assert log.scrubber.problems >= 1
+
+
+def test_the_daemon_scrubs_by_default_and_reports_it(tmp_path, monkeypatch):
+    from streamlog.testing.serve import ServeProcess
+    path = str(tmp_path / "log")
+    with streamlog.open_log(path, segment_bytes_max=4096, compression="none") as log:
+        log.create_stream("s")
+        for batch in range(30):
+            log.append_batch_sync("s", [b"%d" % batch * 50] * 4)
+    daemon = ServeProcess(path, "--scrub-interval-s", "0.05", token="scrub-test-token")
+    monkeypatch.setenv("STREAMLOG_TOKEN", "scrub-test-token")
+    try:
+        with streamlog.open_log(daemon.url) as remote:
+            status = _wait_for(
+                lambda: remote.info()["streams"]["s"]["partitions"][0].get("verified"))
+        assert status["result"] == "ok" and status["segments"] >= 2
+    finally:
+        assert daemon.stop() == 0
