@@ -22,7 +22,6 @@ import collections
 import dataclasses
 import logging
 import threading
-import time
 
 import numpy as np
 import zstandard
@@ -120,7 +119,7 @@ class Appender:
         self._closing = False
         self.failed: BaseException | None = None
         self._dirty = False
-        self._last_fsync = time.monotonic()
+        self._last_fsync = self.partition.clock.monotonic_s()
         self._compressor = zstandard.ZstdCompressor(level=config.zstd_level)
         self._zstd_skip = 0
         self.stats = {"writes": 0, "fsyncs": 0, "frames": 0, "records": 0}
@@ -217,7 +216,8 @@ class Appender:
     def _fsync_due_in(self) -> float | None:
         if not self._dirty or self.config.fsync is not FsyncPolicy.INTERVAL:
             return None
-        return self._last_fsync + self.config.fsync_interval_ms / 1000 - time.monotonic()
+        return (self._last_fsync + self.config.fsync_interval_ms / 1000
+                - self.partition.clock.monotonic_s())
 
     def _handle(self, group: list[Pending]) -> None:
         if self.failed is not None:
@@ -360,7 +360,7 @@ class Appender:
     def _sync_interval(self) -> None:
         self.partition.sync_active()
         self._dirty = False
-        self._last_fsync = time.monotonic()
+        self._last_fsync = self.partition.clock.monotonic_s()
         self.stats["fsyncs"] += 1
 
 

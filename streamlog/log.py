@@ -17,7 +17,6 @@ import json
 import numbers
 import os
 import threading
-import time
 
 import xxhash
 
@@ -26,6 +25,7 @@ from .appender import Piece
 from .config import LogConfig
 from .errors import (CorruptIndex, InvalidAppend, InvalidArgument, LogClosed, LogLocked,
                      ReadOnlyLog, StreamLogError, UnknownStream)
+from .clock import SYSTEM_CLOCK
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .partition import Partition
 from . import txn as txn_module
@@ -40,7 +40,8 @@ FORMAT = {"format": "streamlog", "version": 1}
 
 
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
-             config: LogConfig | None = None, fileio=None, progress=None, **options) -> "Log":
+             config: LogConfig | None = None, fileio=None, progress=None, clock=None,
+             **options) -> "Log":
     """Open (and by default create) the log at directory `path`, or connect to the
     daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN).
 
@@ -50,6 +51,7 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         create: create the directory when missing.
         config: a LogConfig; keyword `options` override its fields.
         progress: called with (partition name, bytes scanned) during recovery.
+        clock: where time comes from (streamlog.clock.Clock; the machine's by default).
     Raises:
         InvalidArgument for a bad option, StreamLogError when the directory is not a
         log or another process holds it for writing, CorruptionError when recovery
@@ -70,16 +72,17 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     except TypeError as error:
         raise InvalidArgument(str(error)) from None
     return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
-               fileio=fileio or OsFileIO(), progress=progress)
+               fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK)
 
 
 class Log:
     def __init__(self, path: str, config: LogConfig, *, readonly: bool, create: bool,
-                 fileio, progress=None) -> None:
+                 fileio, progress=None, clock=SYSTEM_CLOCK) -> None:
         self.path = path
         self.config = config
         self.readonly = readonly
         self.fileio = fileio
+        self.clock = clock
         self._lock = threading.RLock()
         self._lock_handle = None
         self._round_robin: dict[str, int] = {}
@@ -175,7 +178,7 @@ class Log:
             partitions.append(Partition(
                 layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
                 self.config, self.fileio, readonly=self.readonly,
-                probe_unsealed=self._probe_unsealed,
+                probe_unsealed=self._probe_unsealed, clock=self.clock,
                 progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
                 if progress else None))
 
@@ -265,7 +268,7 @@ class Log:
             if partition is None:
                 partition = self._assign(stream, [key], len(partitions)).popitem()[0]
             if timestamp_us is None:
-                timestamp_us = time.time_ns() // 1000
+                timestamp_us = self.clock.wall_us()
             size = len(value) + (len(key) if key is not None else 0) + 24
             return partitions[partition], [Piece([timestamp_us], [key], [value], None, None,
                                                  size, 0)]
@@ -300,7 +303,7 @@ class Log:
         if self.readonly:
             raise ReadOnlyLog("the log was opened read-only")
         values, keys, timestamps, headers, kinds = _validate(
-            values, keys, timestamps_us, headers, kinds, self.config)
+            values, keys, timestamps_us, headers, kinds, self.config, self.clock)
         if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 <= txn_id < 1 << 64:
             raise InvalidAppend(f"txn_id must be an int in 0..2**64-1 (got {txn_id!r})")
         if partition is not None:
@@ -433,7 +436,7 @@ class Log:
 
     def apply_retention(self, now_us: int | None = None) -> list[str]:
         """Delete whole old segments past the retention bounds; returns deleted paths."""
-        now_us = time.time_ns() // 1000 if now_us is None else now_us
+        now_us = self.clock.wall_us() if now_us is None else now_us
         deleted = []
         for stream in self.streams():
             for part in self._partitions(stream):
@@ -549,7 +552,7 @@ def _one(timestamp_us):
     return None if timestamp_us is None else [timestamp_us]
 
 
-def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
+def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig, clock):
     """Check and normalise one append's columns (validate.records), bound each record's
     size, and stamp the append time when the caller gave no timestamps."""
     values, keys, timestamps, headers, kinds = validate.records(values, keys, timestamps_us,
@@ -562,7 +565,7 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig):
                 raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
                                     f"(record_bytes_max)")
     if timestamps is None:
-        timestamps = [time.time_ns() // 1000] * len(values)
+        timestamps = [clock.wall_us()] * len(values)
     return values, keys, timestamps, headers, kinds
 
 

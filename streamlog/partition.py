@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import threading
-import time
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from . import fileio as fileio_module
 from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
 from .txn import TxnState
+from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
 from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
@@ -45,7 +45,8 @@ log = logging.getLogger("streamlog.partition")
 
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
-                 fileio, *, readonly: bool, progress=None, probe_unsealed: bool = True) -> None:
+                 fileio, *, readonly: bool, progress=None, probe_unsealed: bool = True,
+                 clock=SYSTEM_CLOCK) -> None:
         self.directory = directory
         self.name = name
         self.number = number
@@ -53,6 +54,7 @@ class Partition:
         self.fileio = fileio
         self.readonly = readonly
         self.probe_unsealed = probe_unsealed
+        self.clock = clock
         self.closed = False
         self._holds: dict[int, int] = {}
         self.truncations: list[int] = []  # new end offsets, one per truncate_after
@@ -128,7 +130,7 @@ class Partition:
         return self.submit([self._marker_piece(txn_id, kind, value)])
 
     def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
-        return Piece([time.time_ns() // 1000], [None], [value], [int(kind)], None,
+        return Piece([self.clock.wall_us()], [None], [value], [int(kind)], None,
                      len(value) + 24, txn_id)
 
     def txn_state(self, txn_id: int, seen_at: int | None = None):
@@ -223,10 +225,12 @@ class Partition:
     def _open_segments(self) -> list[Segment]:
         names = self.fileio.listdir(self.directory) if self.fileio.exists(self.directory) else []
         bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
-        segments = [Segment(self.fileio, self.directory, base, writable=not self.readonly)
+        segments = [Segment(self.fileio, self.directory, base, writable=not self.readonly,
+                            clock=self.clock)
                     for base in bases]
         if not segments and not self.readonly:
-            segments = [Segment(self.fileio, self.directory, 0, writable=True, create=True)]
+            segments = [Segment(self.fileio, self.directory, 0, writable=True, create=True,
+                                clock=self.clock)]
             self.fileio.fsync_dir(self.directory)
         return segments
 
@@ -241,12 +245,14 @@ class Partition:
         if segment.size_bytes == 0:
             return
         too_big = segment.size_bytes + incoming_bytes > self.config.segment_bytes_max
-        too_old = time.monotonic() - segment.created_monotonic > self.config.segment_age_max_s
+        too_old = (self.clock.monotonic_s() - segment.created_monotonic
+                   > self.config.segment_age_max_s)
         if not (too_big or too_old):
             return
         segment.fsync()  # a sealed segment is always durable, whatever the policy
-        segment.seal(time.time_ns() // 1000, self.next_offset)
-        new = Segment(self.fileio, self.directory, self.next_offset, writable=True, create=True)
+        segment.seal(self.clock.wall_us(), self.next_offset)
+        new = Segment(self.fileio, self.directory, self.next_offset, writable=True, create=True,
+                      clock=self.clock)
         self.fileio.fsync_dir(self.directory)
         self.segments = self.segments + [new]
         self.active_position = 0

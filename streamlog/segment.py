@@ -8,8 +8,8 @@ writer thread appends, truncates or fsyncs; readers call `read` from any thread
 from __future__ import annotations
 
 import os
-import time
 
+from .clock import SYSTEM_CLOCK
 from .fileio import FileIO
 from .layout import segment_name
 from .seal import SegmentDigest, hash_file, remove_seal, seal_path, write_seal
@@ -17,7 +17,7 @@ from .seal import SegmentDigest, hash_file, remove_seal, seal_path, write_seal
 
 class Segment:
     def __init__(self, fileio: FileIO, directory: str, base_offset: int, *,
-                 writable: bool, create: bool = False) -> None:
+                 writable: bool, create: bool = False, clock=SYSTEM_CLOCK) -> None:
         self.fileio = fileio
         self.base_offset = base_offset
         self.path = os.path.join(directory, segment_name(base_offset))
@@ -25,7 +25,7 @@ class Segment:
         self.handle = fileio.open(self.path, writable=writable, create=create)
         self.size_bytes = fileio.size(self.handle)
         # Age for rolling counts from creation, or from the open for a reopened segment.
-        self.created_monotonic = time.monotonic()
+        self.created_monotonic = clock.monotonic_s()
         # The running whole-file checksum, for the seal written when the segment rolls;
         # None when it is not known (a reopened segment: hashed from the file at roll).
         self.digest: SegmentDigest | None = SegmentDigest() if self.size_bytes == 0 else None
