@@ -77,18 +77,9 @@ def partition_keys(log, streams) -> list[PartitionKey]:
 
 
 def stable_end(log, stream: str, partition: int) -> int:
-    """The last stable offset: where a read_committed reader has to stop for now."""
-    public = getattr(log, "last_stable_offset", None)
-    if public is not None:
-        return public(stream, partition)
-    end = log.end_offset(stream, partition)
-    if not hasattr(log, "partition"):
-        # A daemon's client tells no last stable offset: the end is the best it knows.
-        # (A range reaching into an open transaction then reads only what is committed.)
-        return end
-    index = log.partition(stream, partition).index
-    open_firsts = index.open_txns().values() if hasattr(index, "open_txns") else ()
-    return min([end, *open_firsts])
+    """The last stable offset: where a read_committed reader has to stop for now (a local
+    log and a daemon's client both say, streamlog.api.LogAPI)."""
+    return log.last_stable_offset(stream, partition)
 
 
 def check_bound_covers(bound: Bound, keys: list[PartitionKey]) -> None:

@@ -35,6 +35,7 @@ from . import validate
 from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN, as_bytes as _as_bytes
 from .validate import len_or_zero as _len_or_zero
 from .records import AppendResult, RecordKind, RecordPosition
+from .txn import TxnState
 
 FORMAT = {"format": "streamlog", "version": 1}
 
@@ -315,6 +316,8 @@ class Log:
         for number, rows in assignment.items():
             pieces[number] = _cut(rows, values, keys, timestamps, headers, kinds, txn_id,
                                   self.config)
+            if txn_id:
+                partitions[number].txns_written_here.add(txn_id)
         return partitions, pieces
 
     def _assign(self, stream: str, keys, count: int) -> dict[int, list[int]]:
@@ -413,16 +416,26 @@ class Log:
         reader delivers nothing at or past it until that transaction ends."""
         return self.partition(stream, partition).last_stable_offset()
 
+    def open_transactions(self, stream: str, partition: int) -> dict[int, int]:
+        """{txn_id: first offset} of the transactions the partition's index says are
+        still open (commit_txn and abort_txn confirm from the segments before they
+        write a marker for one this process did not write)."""
+        return self.partition(stream, partition).open_txn_candidates()
+
     def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
         """Marker of the latest commit made with `tag` in the partition, or None."""
         return self.partition(stream, partition).index.last_commit(tag)
 
     def _open_txn(self, stream: str, partition: int, txn_id: int):
-        from .txn import TxnState
         part = self.partition(stream, partition)
         if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 < txn_id < 1 << 64:
             raise InvalidArgument(f"txn_id must be an int in 1..2**64-1 (got {txn_id!r})")
         state = part.txn_state(txn_id)
+        if state is TxnState.OPEN and txn_id not in part.txns_written_here:
+            # Known open only from the index (this process wrote none of its data): no
+            # marker is written on the strength of index data alone (DESIGN 4).
+            found = part.derive_txn(txn_id, part.txn_first_offset(txn_id))
+            state = None if found is None else TxnState(found[0])
         if state is not TxnState.OPEN:
             what = "has no data" if state is None else f"is {state.name.lower()}"
             raise InvalidArgument(f"transaction {txn_id:#x} {what} in {part.name}")

@@ -55,6 +55,8 @@ class Partition:
         self.readonly = readonly
         self.probe_unsealed = probe_unsealed
         self.clock = clock
+        # Transactions this process appended data under (their index state is its own).
+        self.txns_written_here: set[int] = set()
         self.closed = False
         self._holds: dict[int, int] = {}
         self.truncations: list[int] = []  # new end offsets, one per truncate_after
@@ -112,16 +114,20 @@ class Partition:
         self.active_position = state.end_position
         self.damage = state.damage
 
+    def open_txn_candidates(self) -> dict[int, int]:
+        """{txn_id: first offset} of the transactions the index says are open (from the
+        segments when it cannot say). Confirm each with derive_txn before acting."""
+        try:
+            return self.index.open_txns()
+        except CorruptIndex as error:  # cannot list them: find them in the segments
+            log.warning("%s: looking for open transactions in the segments", error)
+            return self._open_txns_from_segments()
+
     def _abort_orphans(self) -> None:
         """Abort transactions that a crashed writer left open (DESIGN 6). The index only
         names candidates: each is confirmed open from the segments first, so no marker
         is ever written on the strength of index data alone."""
-        try:
-            candidates = self.index.open_txns()
-        except CorruptIndex as error:  # cannot list them: find them in the segments
-            log.warning("%s: looking for open transactions in the segments", error)
-            candidates = self._open_txns_from_segments()
-        for txn_id, first in sorted(candidates.items()):
+        for txn_id, first in sorted(self.open_txn_candidates().items()):
             found = self.derive_txn(txn_id, first)
             if found is not None and found[0] == TxnState.OPEN:
                 self.append_marker(txn_id, RecordKind.ABORT, b"")
@@ -149,6 +155,15 @@ class Partition:
         if found is None and seen_at is not None:
             found = self.derive_txn(txn_id, seen_at)
         return None if found is None else TxnState(found[0])
+
+    def txn_first_offset(self, txn_id: int) -> int:
+        """Where a transaction's data starts, by the index (the partition's start when
+        the index cannot say): where derive_txn must look from."""
+        try:
+            found = self.index.txn_state(txn_id)
+        except CorruptIndex:
+            found = None
+        return max(found[1], self.start_offset) if found is not None else self.start_offset
 
     def derive_txn(self, txn_id: int, first: int) -> tuple[int, int, int] | None:
         """(state, first, marker offset) of a transaction from the segments: scan from

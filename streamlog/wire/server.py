@@ -53,7 +53,6 @@ import numpy as np
 
 from ..appender import Piece
 from ..errors import LogClosed, StreamLogError
-from ..txn import TxnState
 from ..fileio import OsFileIO
 from ..records import AppendResult
 from . import protocol as p
@@ -300,14 +299,10 @@ class LogServer:
         seen, aborted = {}, []
         for stream in self.log.streams():
             for number in range(self.log.partition_count(stream)):
-                part = self.log.partition(stream, number)
-                for txn_id, first in part.index.open_txns().items():
+                for txn_id in self.log.open_transactions(stream, number):
                     key = (stream, number, txn_id)
                     seen[key] = self._txn_seen.get(key, now)
                     if now - seen[key] < self.config.txn_timeout_s:
-                        continue
-                    found = part.derive_txn(txn_id, first)  # confirmed on disk first
-                    if found is None or found[0] != TxnState.OPEN:
                         continue
                     try:
                         self.log.abort_txn(stream, number, txn_id)
@@ -732,6 +727,8 @@ def _direct_piece(log, message: p.Append):
     else:
         timestamps = [time.time_ns() // 1000] * count
     _, keys, values, kinds, _ = p.columns_to_lists(columns, timestamps=False)
+    if message.txn_id:
+        partition.txns_written_here.add(message.txn_id)
     return partition, Piece(timestamps, keys, values, kinds, None, nbytes, message.txn_id)
 
 
