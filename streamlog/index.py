@@ -239,7 +239,9 @@ def _entry(key: bytes, stored) -> IndexEntry:
 
 class Index:
     def __init__(self, path: str, *, readonly: bool, map_bytes: int,
-                 probe_unsealed: bool = True) -> None:
+                 probe_unsealed=lambda: True) -> None:
+        """`probe_unsealed()` says whether an index without a seal must be probed in a
+        child process before use (probe_index)."""
         self.path = path
         self.readonly = readonly
         self._env = None
@@ -261,7 +263,7 @@ class Index:
             return
         if not self._check_seal():
             problem = check_lmdb_meta(os.path.join(path, "data.mdb"))
-            if problem is None and probe_unsealed:
+            if problem is None and probe_unsealed():
                 problem = probe_index(path, map_bytes, writable=not readonly)
             if problem is not None:
                 raise CorruptIndex(f"index {path} failed its check: {problem}")

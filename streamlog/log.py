@@ -13,6 +13,7 @@ once; create_stream, truncate_after, apply_retention and close are serialised by
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import numbers
 import os
@@ -93,7 +94,10 @@ class Log:
         self._prepare_directory(create)
         # An index no clean close sealed is probed in a child process before use by a
         # writer, and by a reader when no writer is alive (one was killed): see index.py.
-        self._probe_unsealed = not readonly or not writer_alive(self.path)
+        # Asked only when an index has no seal (/proc/locks can take milliseconds).
+        path_ = self.path  # not self: an abandoned Log must not live on in a cycle
+        self._probe_unsealed = functools.cache(
+            lambda: not readonly or not writer_alive(path_))
         try:
             for name in self._stream_names():
                 self._open_stream(name, progress)

@@ -45,7 +45,7 @@ log = logging.getLogger("streamlog.partition")
 
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
-                 fileio, *, readonly: bool, progress=None, probe_unsealed: bool = True,
+                 fileio, *, readonly: bool, progress=None, probe_unsealed=lambda: True,
                  clock=SYSTEM_CLOCK) -> None:
         self.directory = directory
         self.name = name
