@@ -29,7 +29,7 @@ from .config import LogConfig
 from . import recovery as recovery_module
 from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
                      ReadOnlyLog)
-from .frame import HEADER_BYTES, INCOMPLETE, decode_header, encode_frame
+from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header, encode_frame
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
@@ -422,7 +422,17 @@ class Partition:
 
     def read_batch(self, entry: IndexEntry) -> Columns:
         """The columns of the batch an index entry names (checked against its frame)."""
-        for frame in self.disk_frames(entry.base_offset):
+        segment = next((s for s in self.segments if s.base_offset == entry.segment_base), None)
+        if segment is not None:  # the common case: one read of exactly the frame
+            try:
+                frame = decode_frame(segment.read(entry.position, entry.frame_bytes), 0)
+            except CorruptFrame:
+                frame = None
+            if frame is not None and frame is not INCOMPLETE and (
+                    frame.base_offset, frame.record_count) == (entry.base_offset,
+                                                               entry.record_count):
+                return decode_columns(dataclasses.replace(frame, position=entry.position))
+        for frame in self.disk_frames(entry.base_offset):  # else walk to it (and judge)
             if frame.next_offset <= entry.base_offset:
                 continue  # read from an earlier frame (the index could not place it)
             if frame.base_offset != entry.base_offset:
