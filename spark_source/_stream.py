@@ -40,6 +40,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict | None = None
         self._pinned: dict | None = None  # Trigger.AvailableNow: never read past this
         self._available: dict | None = None
+        self._view = None  # the driver's read-only view, refreshed at each trigger
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_view"] = None  # an open log stays on the driver
+        return state
 
     def initialOffset(self) -> dict:
         """Where a new query starts (startingOffsets and friends). Asked more than once
@@ -102,12 +108,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- helpers ------------------------------------------------------------------------
 
     def _stable_ends(self) -> dict:
-        log = open_readonly(self.options.path)
+        """The last stable offsets now: the driver's view, refreshed (not reopened) at
+        each trigger; a view that fails is dropped and opened again at the next one."""
+        if self._view is None:
+            self._view = open_readonly(self.options.path)
+        else:
+            self._view.refresh()
         try:
-            return {key: stable_end(log, *key)
-                    for key in sorted(partition_keys(log, self.options.streams))}
-        finally:
-            log.close()
+            return {key: stable_end(self._view, *key)
+                    for key in sorted(partition_keys(self._view, self.options.streams))}
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Spark stops the query: close the driver's view."""
+        view, self._view = self._view, None
+        if view is not None:
+            view.close()
 
     def _positions(self, offsets: dict) -> dict:
         """Parse offsets from Spark, checking they cover exactly the streams read now."""

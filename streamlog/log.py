@@ -180,12 +180,34 @@ class Log:
         partitions = []
         self._streams[name] = partitions
         for number in range(count):
-            partitions.append(Partition(
-                layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
-                self.config, self.fileio, readonly=self.readonly,
-                probe_unsealed=self._probe_unsealed, clock=self.clock,
-                progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
-                if progress else None))
+            partitions.append(self._open_partition(name, number, progress))
+
+    def _open_partition(self, name: str, number: int, progress=None) -> Partition:
+        return Partition(
+            layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
+            self.config, self.fileio, readonly=self.readonly,
+            probe_unsealed=self._probe_unsealed, clock=self.clock,
+            progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
+            if progress else None)
+
+    def refresh(self) -> None:
+        """A read-only view follows the writer (in another process): new streams, and
+        in every partition the frames and segments added and the segments retention
+        removed since the open or the last refresh. A partition that was truncated
+        meanwhile is reopened (its readers then get OffsetOutOfRange). Far cheaper than
+        reopening the log. A writable log is always current: nothing to do."""
+        if not self.readonly:
+            return
+        with self._lock:
+            self._check_open()
+            for name in self._stream_names():
+                if name not in self._streams:
+                    self._open_stream(name, None)
+            for name, partitions in self._streams.items():
+                for number, part in enumerate(partitions):
+                    if not part.refresh():
+                        partitions[number] = self._open_partition(name, number)
+                        part.close()
 
     def create_stream(self, name: str, partitions: int = 1) -> int:
         """Create stream `name` with `partitions` partitions; a no-op when it exists

@@ -27,6 +27,7 @@ from .txn import TxnState
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
+from . import walk as walk_module
 from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
                      ReadOnlyLog)
 from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header, encode_frame
@@ -69,6 +70,7 @@ class Partition:
         self.segments: list[Segment] = self._open_segments()
         self.report = RecoveryReport()
         self.next_offset, self.hwm_us, self.active_position = 0, None, 0
+        self._end_number = 0
         # Read-only: (offset, CorruptSegment) where acknowledged data is damaged; a
         # reader that reaches the offset raises the error.
         self.damage: tuple[int, object] | None = None
@@ -112,6 +114,7 @@ class Partition:
             self.report.index_problem = self.report.index_problem or self._index_problem
         self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
         self.active_position = state.end_position
+        self._end_number = state.end_segment  # the segment the view's end is in
         self.damage = state.damage
 
     def open_txn_candidates(self) -> dict[int, int]:
@@ -630,6 +633,67 @@ class Partition:
         self.hwm_us = last.hwm_after_us if last is not None else None
         self.active_position = segment.size_bytes
         self.index.set_recovery_point(self._point())
+
+    # -- a read-only view that follows a writer in another process ------------------
+
+    def refresh(self) -> bool:
+        """Read-only: take in what the writer (another process) added since this view
+        was made or last refreshed: new frames, new segments, segments retention
+        removed. Returns False when the view cannot follow (a truncate happened or is
+        under way, or the files changed under it): the caller reopens the partition."""
+        assert self.readonly
+        if not self.segments or self.fileio.exists(os.path.join(self.directory, INTENT_NAME)):
+            return False
+        names = set(self.fileio.listdir(self.directory))
+        end_segment = self.segments[self._end_number]
+        present = [s for s in self.segments if os.path.basename(s.path) in names]
+        gone = len(self.segments) - len(present)
+        if present != self.segments[gone:] or end_segment not in present or isinstance(
+                end_segment, PatchedSegment):
+            return False  # not retention (which removes the oldest only): reopen
+        for segment in present[present.index(end_segment):]:
+            segment.size_bytes = self.fileio.size(segment.handle)
+        if end_segment.size_bytes < self.active_position:
+            return False  # the file shrank under the view: a truncate
+        newer = sorted(b for b in map(parse_segment_name, names)
+                       if b is not None and b > present[-1].base_offset)
+        for segment in self.segments[:gone]:
+            segment.close()
+        self.segments = present + [Segment(self.fileio, self.directory, base, writable=False,
+                                           clock=self.clock) for base in newer]
+        self._end_number = self.segments.index(end_segment)
+        self.start_offset = self.segments[0].base_offset
+        self._follow_tail()
+        return True
+
+    def _follow_tail(self) -> None:
+        """Index the valid frames after the view's end; stop quietly at anything else
+        (a writer mid-frame is not damage)."""
+        number, position = self._end_number, self.active_position
+        if position == self.segments[number].size_bytes and number + 1 < len(self.segments):
+            number, position = number + 1, 0  # the end is where the next segment starts
+        hwm = [self.hwm_us]
+        end = [number, position]
+
+        def index_frames(n: int, frames) -> None:
+            entries = []
+            for frame in frames:
+                hwm[0] = frame.max_timestamp_us if hwm[0] is None else max(
+                    hwm[0], frame.max_timestamp_us)
+                entries.append(IndexEntry(frame.base_offset, self.segments[n].base_offset,
+                                          frame.position, frame.record_count, frame.size,
+                                          frame.min_timestamp_us, frame.max_timestamp_us,
+                                          hwm[0]))
+            events = [e for f in frames for e in recovery_module.txn_events(f)]
+            self.index.put(entries, None, events)
+            end[:] = [n, frames[-1].end_position]
+            self.hwm_us, self.next_offset = hwm[0], frames[-1].next_offset
+
+        walk_module.walk(self.segments, number=number, position=position,
+                         next_offset=self.next_offset,
+                         chunk_bytes=self.config.read_chunk_bytes, on_frames=index_frames)
+        self._end_number, self.active_position = end
+        self.ring.reset(self.next_offset)  # this view's readers read the new frames from disk
 
     def _view_intent(self) -> None:
         """Read-only: show an unfinished truncate as finished, without touching a file:

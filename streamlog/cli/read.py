@@ -3,8 +3,8 @@
 Strategy: the log is opened read-only; per partition a cursor resolves its bounds (a
 timestamp by the high-water-mark rule) and the records in range are written in large
 chunks. Every record before a damaged frame is written and flushed before the error
-(segment and position) is reported. `--follow` re-opens the log every
-FOLLOW_INTERVAL_S to see what other processes appended.
+(segment and position) is reported. `--follow` refreshes the read-only view every
+FOLLOW_INTERVAL_S to take in what the writer (another process) appended.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..errors import CorruptionError
 from .common import (EXIT_OK, Progress, UsageError, existing_log, json_line,
                      nonnegative_int, open_readonly, put_bytes,
                      subparser, timestamp_arg)
-# read --follow: how often the directory is re-opened to see other processes' appends.
+# read --follow: how often the view is refreshed to see another process's appends.
 FOLLOW_INTERVAL_S = 0.2
 
 
@@ -96,9 +96,8 @@ def run(args) -> int:
             out.flush()
             if not args.follow or all(c.finished for c in cursors):
                 return EXIT_OK
-            log.close()
             time.sleep(FOLLOW_INTERVAL_S)
-            log = open_readonly(path)
+            log.refresh()  # take in what the writer added (no reopen)
     finally:
         log.close()
 

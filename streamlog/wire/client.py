@@ -578,6 +578,9 @@ class RemoteLog:
     def info(self) -> dict:
         return self._call(lambda rid: p.Info(rid)).value()
 
+    def refresh(self) -> None:
+        """Nothing to do: every answer comes from the daemon's live log."""
+
     def close(self) -> None:
         """Close the connections (readers of this client end). Idempotent."""
         with self._native_lock:
