@@ -442,6 +442,12 @@ class Log:
         reader delivers nothing at or past it until that transaction ends."""
         return self.partition(stream, partition).last_stable_offset()
 
+    def batch_holding(self, stream: str, partition: int, offset: int):
+        """(base_offset, stored frame bytes, columns) of the batch that holds `offset`:
+        the unit an operator reading a log backwards steps by (operators/cec.py)."""
+        entry, columns = self.partition(stream, partition).batch_holding(offset)
+        return entry.base_offset, entry.frame_bytes, columns
+
     def open_transactions(self, stream: str, partition: int) -> dict[int, int]:
         """{txn_id: first offset} of the transactions the partition's index says are
         still open (commit_txn and abort_txn confirm from the segments before they

@@ -355,6 +355,25 @@ class Partition:
             return self.start_hwm_us
         return self._scan_hwm(base_offset)
 
+    def batch_holding(self, offset: int) -> tuple[IndexEntry, Columns]:
+        """The batch that holds `offset` (an acknowledged one) and its columns: by the
+        index when its entry checks out, else by walking the segment that holds it.
+        Raises OffsetOutOfRange outside [start_offset, next_offset)."""
+        if not self.start_offset <= offset < self.next_offset:
+            raise OffsetOutOfRange(f"offset {offset} of {self.name} is not in "
+                                   f"[{self.start_offset}, {self.next_offset})")
+        entry = self._entry_for(offset)
+        if entry is not None:
+            return entry, self.read_batch(entry)
+        for frame in self.disk_frames(offset):
+            if frame.next_offset > offset:
+                segment = self.segment_holding(frame.base_offset)
+                entry = IndexEntry(frame.base_offset, segment.base_offset, frame.position,
+                                   frame.record_count, frame.size, frame.min_timestamp_us,
+                                   frame.max_timestamp_us, NO_HWM)
+                return entry, decode_columns(frame)
+        raise OffsetOutOfRange(f"offset {offset} of {self.name} is gone")
+
     def _entry_for(self, offset: int) -> IndexEntry | None:
         """The index entry of the batch holding `offset`, when the index has it and it
         is sound; None otherwise (the caller falls back to the segments)."""

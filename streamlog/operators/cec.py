@@ -605,20 +605,17 @@ GROUP_RECORDS = 1 << 17
 
 
 def iter_batches_backwards(log, stream: str, partition: int, *, end_offset: int | None = None):
-    """Yield (entry, columns, count) for the batches of a partition from its end towards
-    its start: rows [0, count) of `columns` are the batch's records below `end_offset`
-    (default: the acknowledged end). Reads one batch per index lookup; the partition's
-    index and segments are only read."""
-    part = log.partition(stream, partition)
-    offset = (part.next_offset if end_offset is None else end_offset) - 1
-    for _ in range(max(0, offset - part.start_offset + 1)):
-        if offset < part.start_offset:
+    """Yield (frame_bytes, columns, count) for the batches of a partition from its end
+    towards its start: rows [0, count) of `columns` are the batch's records below
+    `end_offset` (default: the acknowledged end). One Log.batch_holding per batch."""
+    start = log.start_offset(stream, partition)
+    offset = (log.end_offset(stream, partition) if end_offset is None else end_offset) - 1
+    for _ in range(max(0, offset - start + 1)):
+        if offset < start:
             return
-        entry = part.index.lookup_offset(offset)
-        if entry is None or not entry.base_offset <= offset < entry.next_offset:
-            raise CorruptionError(f"{stream}/{partition}: no batch holds offset {offset}")
-        yield entry, part.read_batch(entry), offset - entry.base_offset + 1
-        offset = entry.base_offset - 1
+        base, frame_bytes, columns = log.batch_holding(stream, partition, offset)
+        yield frame_bytes, columns, offset - base + 1
+        offset = base - 1
 
 
 def reconstruct(log, stream: str, partition: int, report: RecoveryReport) -> EventualCheckpoint:
@@ -627,9 +624,9 @@ def reconstruct(log, stream: str, partition: int, report: RecoveryReport) -> Eve
     end = log.end_offset(stream, partition)
     cut_output, cut_input, last = end, -1, None
     walk = None
-    for entry, columns, count in iter_batches_backwards(log, stream, partition):
+    for frame_bytes, columns, count in iter_batches_backwards(log, stream, partition):
         report.output_batches_read += 1
-        report.output_bytes_read += entry.frame_bytes
+        report.output_bytes_read += frame_bytes
         if last is None:  # step 1: skip the records of the last input offset
             cut_output, cut_input, last, keep = _find_cut(columns, count, cut_output,
                                                           cut_input)

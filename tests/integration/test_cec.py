@@ -480,7 +480,7 @@ def test_iter_batches_backwards_covers_every_offset_once(tmp_path):
     for i, size in enumerate(sizes):
         log.append_batch_sync("out", [b"%d" % i * 30] * size, kinds=[int(RecordKind.G_OPEN)] * size)
     seen = []
-    for entry, columns, count in iter_batches_backwards(log, "out", 0):
+    for _, columns, count in iter_batches_backwards(log, "out", 0):
         seen.append(list(range(columns.base_offset, columns.base_offset + count)))
     assert [len(b) for b in seen] == list(reversed(sizes))
     flat = [o for batch in seen for o in batch]
