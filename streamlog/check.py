@@ -34,7 +34,7 @@ from .payload import columns_to_records, decode_columns
 from .records import RecordKind
 from .recovery import Claim, claim_index
 from .scan import resync, scan_buffer
-from .scrub import SCRUB_FILE, encode_scrub_status, read_scrub_status
+from .scrub import SCRUB_FILE, encode_scrub_status
 from .seal import SealOutcome, check_sealed_segment, remove_seal
 from .segment import Segment
 from .walk import WalkEnd, continues_after, observe, segment_frames, walk
@@ -329,10 +329,6 @@ def record_verification(fileio, result: PartitionCheck) -> None:
         pass
 
 
-def last_verification(directory: str, fileio=None) -> dict | None:
-    return read_scrub_status(fileio or OsFileIO(), directory)
-
-
 # -- repair -------------------------------------------------------------------------------
 
 def repair_partition(log_dir: str, result: PartitionCheck, *, dry_run: bool,
@@ -388,7 +384,8 @@ def _last_offset_after(segments, number: int, position: int, first: int) -> int 
         while found is not None:
             scanned = scan_buffer(data, found)
             for frame in scanned.frames:
-                last = max(last or frame.next_offset - 1, frame.next_offset - 1)
+                last = frame.next_offset - 1 if last is None else max(last,
+                                                                       frame.next_offset - 1)
             found = resync(data, max(scanned.end, found), min_base=first)
     return last
 

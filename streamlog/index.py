@@ -512,9 +512,9 @@ class Index:
         if self.last_entry is not None and self.last_entry.next_offset > offset:
             return False
         with self._read() as txn:
-            for _, value in txn.cursor(self._txns):
-                key_state = _TXN.unpack(_open(_, value, _TXN.size))
-                if key_state[1] >= offset or key_state[2] >= offset:
+            for key, value in txn.cursor(self._txns):
+                _, first, marker_at = _TXN.unpack(_open(key, value, _TXN.size))
+                if first >= offset or marker_at >= offset:
                     return False
         return True
 

@@ -28,6 +28,7 @@ from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
 from . import walk as walk_module
+from .integrity import TailKind
 from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
                      ReadOnlyLog)
 from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header, encode_frame
@@ -36,7 +37,6 @@ from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
 from .payload import Columns, decode_columns, encode_payload, running_max
 from .recovery import RecoveryReport, recover
-from .scan import StopReason, scan_buffer
 from .segment import Segment
 from .tail import TailRing
 
@@ -420,14 +420,15 @@ class Partition:
             log.warning("%s: using the segments instead", error)
             return self._scan_time_entry(timestamp_us)
         if entry is None or entry.base_offset >= self.next_offset:
-            last = self._entry_for(self.next_offset - 1) if self.next_offset else None
-            if last is None or (entry is None and last.hwm_after_us < timestamp_us):
-                return None if last is not None else self._scan_time_entry(timestamp_us)
-            return self._scan_time_entry(timestamp_us)
-        if entry.hwm_after_us < timestamp_us or entry.next_offset > self.next_offset:
+            # No acknowledged batch reaches it: believed when the last one agrees.
+            last = (self._entry_for(self.next_offset - 1)
+                    if self.next_offset > self.start_offset else None)
+            if last is not None and last.hwm_after_us < timestamp_us:
+                return None
             return self._scan_time_entry(timestamp_us)
         before = self.hwm_before(entry)
-        if before is not None and before >= timestamp_us:
+        if entry.hwm_after_us < timestamp_us or entry.next_offset > self.next_offset or (
+                before is not None and before >= timestamp_us):
             return self._scan_time_entry(timestamp_us)
         return entry
 
@@ -499,32 +500,28 @@ class Partition:
         acknowledged end. Segments are tracked by base offset, so retention removing
         older ones does not disturb it."""
         segment, position, expect = self.locate(offset)
-        chunk = self.config.read_chunk_bytes
         while expect < self.next_offset:
-            size = segment.size_bytes
-            if position >= size:
+            if position >= segment.size_bytes:
                 segment, position = self._next_segment(segment, expect)
                 continue
-            data = segment.read(position, min(chunk, size - position))
-            result = scan_buffer(data, 0, expect_offset=expect)
-            if not result.frames and result.stop is StopReason.INCOMPLETE and (
-                    len(data) < size - position):
-                head = data if len(data) >= HEADER_BYTES else segment.read(position,
-                                                                            HEADER_BYTES)
-                data = segment.read(position, min(max(_frame_bytes(head), chunk),
-                                                  size - position))
-                result = scan_buffer(data, 0, expect_offset=expect)
-            end = self.next_offset
-            for frame in result.frames:
-                if frame.base_offset >= end:
+            runs = walk_module.segment_frames(segment, position, expect,
+                                              self.config.read_chunk_bytes)
+            while True:  # the one walker's runs of frames, up to the acknowledged end
+                try:
+                    frames = next(runs)
+                except StopIteration as stop:
+                    end = stop.value
+                    break
+                for frame in frames:
+                    if frame.base_offset >= self.next_offset:
+                        return
+                    expect = frame.next_offset
+                    yield frame
+                if expect >= self.next_offset:
                     return
-                expect = frame.next_offset
-                yield dataclasses.replace(frame, position=position + frame.position)
-            position += result.end
-            if expect >= end or result.frames:
-                continue
-            reason = result.reason or "frame cut short before the acknowledged end"
-            raise _corrupt_read(segment, position, reason)
+            if end.kind is not TailKind.END:  # bad bytes before the acknowledged end
+                raise _corrupt_read(segment, end.position, end.reason)
+            position = end.position
 
     def _next_segment(self, segment: Segment, expect: int) -> tuple[Segment, int]:
         following = [s for s in self.segments if s.base_offset > segment.base_offset]
@@ -635,18 +632,13 @@ class Partition:
         self.fileio.fsync_dir(self.directory)
 
     def _reindex_tail(self, segment: Segment, position: int) -> None:
-        data = segment.read(position, segment.size_bytes - position)
-        result = scan_buffer(data, 0)
+        assert segment is self.segments[-1]
         previous = self.index.last_entry
-        hwm = previous.hwm_after_us if previous is not None else None
-        entries = []
-        for frame in result.frames:
-            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
-            entries.append(IndexEntry(frame.base_offset, segment.base_offset,
-                                      position + frame.position, frame.record_count,
-                                      frame.size, frame.min_timestamp_us,
-                                      frame.max_timestamp_us, hwm))
-        self.index.put(entries)
+        recovery_module.index_from(
+            self.segments, self.index, number=len(self.segments) - 1, position=position,
+            next_offset=previous.next_offset if previous is not None else segment.base_offset,
+            hwm_us=previous.hwm_after_us if previous is not None else None,
+            chunk_bytes=self.config.read_chunk_bytes)
         last = self.index.last_entry
         self.next_offset = last.next_offset if last is not None else segment.base_offset
         self.hwm_us = last.hwm_after_us if last is not None else None
@@ -691,27 +683,12 @@ class Partition:
         number, position = self._end_number, self.active_position
         if position == self.segments[number].size_bytes and number + 1 < len(self.segments):
             number, position = number + 1, 0  # the end is where the next segment starts
-        hwm = [self.hwm_us]
-        end = [number, position]
-
-        def index_frames(n: int, frames) -> None:
-            entries = []
-            for frame in frames:
-                hwm[0] = frame.max_timestamp_us if hwm[0] is None else max(
-                    hwm[0], frame.max_timestamp_us)
-                entries.append(IndexEntry(frame.base_offset, self.segments[n].base_offset,
-                                          frame.position, frame.record_count, frame.size,
-                                          frame.min_timestamp_us, frame.max_timestamp_us,
-                                          hwm[0]))
-            events = [e for f in frames for e in recovery_module.txn_events(f)]
-            self.index.put(entries, None, events)
-            end[:] = [n, frames[-1].end_position]
-            self.hwm_us, self.next_offset = hwm[0], frames[-1].next_offset
-
-        walk_module.walk(self.segments, number=number, position=position,
-                         next_offset=self.next_offset,
-                         chunk_bytes=self.config.read_chunk_bytes, on_frames=index_frames)
-        self._end_number, self.active_position = end
+        state, _ = recovery_module.index_from(
+            self.segments, self.index, number=number, position=position,
+            next_offset=self.next_offset, hwm_us=self.hwm_us,
+            chunk_bytes=self.config.read_chunk_bytes)
+        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
+        self._end_number, self.active_position = state.end_segment, state.end_position
         self.ring.reset(self.next_offset)  # this view's readers read the new frames from disk
 
     def _view_intent(self) -> None:
@@ -818,11 +795,6 @@ class PatchedSegment:
     def close(self) -> None:
         self.closed = True
         self.segment.close()
-
-
-def _frame_bytes(data: bytes) -> int:
-    from .frame import frame_size_hint
-    return frame_size_hint(data, 0) or len(data)
 
 
 def _header_base(segment, position: int) -> int | None:

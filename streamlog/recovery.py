@@ -174,28 +174,46 @@ def _walk_tail(segments, index: Index, claim: Claim, report: RecoveryReport,
         state.end_segment, state.end_position = end.number, end.position
         return state, end
 
-    def index_frames(number: int, frames) -> None:
+    def counted(frames) -> None:
+        report.frames_indexed += len(frames)
+        report.scanned_bytes += sum(f.size for f in frames)
+        if progress is not None:
+            progress(report.scanned_bytes)
+
+    state, end = index_from(segments, index, number=number, position=point.position,
+                            next_offset=point.next_offset, hwm_us=state.hwm_us,
+                            chunk_bytes=chunk_bytes, on_run=counted)
+    if end.kind is TailKind.END:
+        state.end_segment, state.end_position = end.number, end.position
+    return state, end
+
+
+def index_from(segments, index: Index, *, number: int, position: int, next_offset: int,
+               hwm_us: int | None, chunk_bytes: int, on_run=None) -> tuple[ScanState, WalkEnd]:
+    """Walk from (segments[number], position) and index every valid, continuing frame
+    (its entry, with the running max timestamp, and its transaction events). Returns
+    where the indexed frames end and where the walk stopped. Used by recovery, by
+    truncate_after's re-index of the cut segment and by a read-only view's refresh."""
+    state = ScanState(next_offset, hwm_us, number, position)
+
+    def index_frames(segment_number: int, frames) -> None:
         entries, events = [], []
         for frame in frames:
             events += txn_events(frame)
             state.hwm_us = frame.max_timestamp_us if state.hwm_us is None else max(
                 state.hwm_us, frame.max_timestamp_us)
-            entries.append(IndexEntry(frame.base_offset, segments[number].base_offset,
+            entries.append(IndexEntry(frame.base_offset, segments[segment_number].base_offset,
                                       frame.position, frame.record_count, frame.size,
                                       frame.min_timestamp_us, frame.max_timestamp_us,
                                       state.hwm_us))
         index.put(entries, None, events)
-        report.frames_indexed += len(entries)
-        report.scanned_bytes += sum(f.size for f in frames)
         state.next_offset = frames[-1].next_offset
-        state.end_segment, state.end_position = number, frames[-1].end_position
-        if progress is not None:
-            progress(report.scanned_bytes)
+        state.end_segment, state.end_position = segment_number, frames[-1].end_position
+        if on_run is not None:
+            on_run(frames)
 
-    end = walk(segments, number=number, position=point.position,
-               next_offset=point.next_offset, chunk_bytes=chunk_bytes, on_frames=index_frames)
-    if end.kind is TailKind.END:
-        state.end_segment, state.end_position = end.number, end.position
+    end = walk(segments, number=number, position=position, next_offset=next_offset,
+               chunk_bytes=chunk_bytes, on_frames=index_frames)
     return state, end
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .. import layout
-from ..check import last_verification
-from .common import (EXIT_OK, existing_log, format_timestamp, is_url, open_readonly,
+from .common import (EXIT_OK, existing_log, format_timestamp, open_readonly,
                      subparser)
 
 _INFO_EPILOG = """\
@@ -45,9 +43,7 @@ def run(args) -> int:
     rows = []
     for stream, found in described["streams"].items():
         for part in found["partitions"]:
-            directory = None if is_url(path) else layout.partition_dir(
-                path, stream, part["partition"])
-            rows.append(_info_row(stream, part, directory))
+            rows.append(_info_row(stream, part))
     if args.json:
         streams: dict = {}
         for row in rows:
@@ -58,11 +54,9 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def _info_row(stream: str, part: dict, directory: str | None) -> dict:
+def _info_row(stream: str, part: dict) -> dict:
     recovery = part["recovery"]
-    verified = part.get("verified")
-    if verified is None and directory is not None:
-        verified = last_verification(directory)
+    verified = part.get("verified")  # Log.info reads scrub.json (a daemon's, remotely)
     return {"stream": stream, "partition": part["partition"],
             "start_offset": part["start_offset"], "end_offset": part["end_offset"],
             "min_timestamp_us": part["min_timestamp_us"],
