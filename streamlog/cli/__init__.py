@@ -83,7 +83,7 @@ def _configure_logging(show_warnings: bool) -> None:
 
 
 def _exit_code(error: BaseException) -> int:
-    from ..wire.protocol import DaemonError, ProtocolError
+    from ..wire.codes import DaemonError, ProtocolError
     if isinstance(error, CliError):
         return error.code
     if isinstance(error, (DaemonError, ProtocolError)):

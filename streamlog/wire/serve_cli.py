@@ -24,7 +24,7 @@ import ssl
 import sys
 
 from ..errors import StreamLogError
-from . import protocol
+from . import messages
 from .server import (LogServer, Metrics, ServerConfig, TimedFileIO, configure_json_logging)
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE = 0, 1, 2
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     parser.add_argument("--max-connections", type=_positive, default=256)
-    parser.add_argument("--max-frame-bytes", type=_positive, default=protocol.FRAME_BYTES_MAX)
+    parser.add_argument("--max-frame-bytes", type=_positive, default=messages.FRAME_BYTES_MAX)
     parser.add_argument("--idle-timeout-s", type=float, default=120.0,
                         help="close a connection silent this long (clients ping)")
     parser.add_argument("--txn-timeout-s", type=float, default=900.0,
@@ -81,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         token=token.encode(), host=args.host, port=args.port, metrics_port=args.metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, connections_max=args.max_connections,
-        frame_bytes_max=max(args.max_frame_bytes, protocol.HELLO_BYTES_MAX),
+        frame_bytes_max=max(args.max_frame_bytes, messages.HELLO_BYTES_MAX),
         idle_timeout_s=args.idle_timeout_s, txn_timeout_s=args.txn_timeout_s)
     configure_json_logging(sys.stderr)
     if args.host not in _LOOPBACK:

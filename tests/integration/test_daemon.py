@@ -19,6 +19,7 @@ with garbage.
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import os
@@ -33,18 +34,24 @@ import threading
 import time
 import urllib.request
 
+from typing import Protocol
+
 import pytest
 
 import streamlog
+from streamlog.api import LogAPI
 from streamlog.testing.serve import ServeProcess
-from streamlog.wire import protocol as p
-from streamlog.wire.client import open_remote, parse_url
+from streamlog.wire import codes, columns, connection, messages
+from streamlog.wire.client import RemoteLog, open_remote, parse_url
+from streamlog.wire.operations import (JSON, OPERATIONS, PARTITION, STREAM, Operation,
+                                       OperationTable, Reply)
 from streamlog.wire.server import (READ_CHUNK_BYTES, LogServer, Metrics, ServerConfig,
                                    TimedFileIO)
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "daemon-test-token"
+READ_ALL_FLAGS = messages.READ_FOLLOW | messages.READ_DATA_ONLY | messages.READ_COMMITTED
 SERVE = "from streamlog.wire.serve_cli import main; main()"
 
 
@@ -53,7 +60,7 @@ SERVE = "from streamlog.wire.serve_cli import main; main()"
 class ThreadedDaemon:
     """A LogServer on its own event loop thread, over a log opened in this process."""
 
-    def __init__(self, path: str, **config) -> None:
+    def __init__(self, path: str, operations: OperationTable = OPERATIONS, **config) -> None:
         self.metrics = Metrics()
         self.log = streamlog.open_log(path, fsync="always",
                                       fileio=TimedFileIO(self.metrics.fsync_seconds))
@@ -62,7 +69,8 @@ class ThreadedDaemon:
         self.thread.start()
         options = dict(token=TOKEN.encode(), port=0, metrics_port=0)
         options.update(config)
-        self.server = LogServer(self.log, ServerConfig(**options), self.metrics)
+        self.server = LogServer(self.log, ServerConfig(**options), self.metrics,
+                                operations=operations)
         self.run(self.server.start())
         self.url = f"streamlog://127.0.0.1:{self.server.port}"
         self.stopped = False
@@ -127,21 +135,21 @@ class RawClient:
 
     def __init__(self, port: int, *, hello: bool = True, token: str = TOKEN) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.conn = p.Connection(p.Role.CLIENT)
+        self.conn = connection.Connection(messages.Role.CLIENT)
         if hello:
-            self.send(p.Hello(0, p.WIRE_VERSION, token.encode(), "raw"))
+            self.send(messages.Hello(0, messages.WIRE_VERSION, token.encode(), "raw"))
             reply = self.receive()
-            assert isinstance(reply, p.HelloOk), reply
+            assert isinstance(reply, messages.HelloOk), reply
 
-    def send(self, message: p.Message) -> None:
+    def send(self, message: messages.Message) -> None:
         self.sock.sendall(self.conn.send(message))
 
     def receive(self, timeout: float = 10.0):
-        """The next message, or p.CLOSED when the daemon closed the connection."""
+        """The next message, or connection.CLOSED when the daemon closed the connection."""
         self.sock.settimeout(timeout)
         while True:
             event = self.conn.next_event()
-            if event is not p.NEED_DATA:
+            if event is not connection.NEED_DATA:
                 return event
             try:
                 data = self.sock.recv(1 << 16)
@@ -168,9 +176,15 @@ class RawClient:
         self.sock.close()
 
 
-def append_message(request_id: int, stream: str, values, partition: int = 0) -> p.Append:
-    payload, flags = p.encode_records([0] * len(values), [None] * len(values), values)
-    return p.Append(request_id, stream, partition, 0, 0, len(values), flags, payload)
+def append_message(request_id: int, stream: str, values,
+                   partition: int = 0) -> messages.Append:
+    payload, flags = columns.encode_records([0] * len(values), [None] * len(values), values)
+    return messages.Append(request_id, stream, partition, 0, 0, len(values), flags, payload)
+
+
+def request(name: str) -> type[messages.Message]:
+    """The request message class of a row of the operation table."""
+    return OPERATIONS[name].request
 
 
 def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
@@ -347,6 +361,83 @@ def test_errors_arrive_as_the_local_exceptions(remote):
     assert remote.append_sync("e", b"still fine").offset == 0  # the connection survived
 
 
+# Arguments for each request/reply method that only reads: a new one must be added here.
+READ_CALLS = {
+    "streams": (), "partition_count": ("q",), "start_offset": ("q", 1),
+    "end_offset": ("q", 1), "last_stable_offset": ("q", 0),
+    "offset_for_timestamp": ("q", 1, 150), "info": (), "last_commit": ("q", 0, "job"),
+    "txn_state": ("q", 0, "TXN"),
+}
+
+
+def test_every_operation_that_reads_answers_as_the_local_log(daemon, remote):
+    local = daemon.log
+    local.create_stream("q", partitions=2)
+    local.append_batch_sync("q", [b"a", b"b", b"c"], timestamps_us=[100, 200, 300],
+                            partition=1)
+    txn = local.new_txn_id()
+    local.append_batch_sync("q", [b"t"], partition=0, txn_id=txn)
+    local.commit_txn("q", 0, txn, tag="job", marker=b"m-1")
+    reads = {name for op in OPERATIONS if not (op.writable or op.streamed)
+             for name in (m.name for m in op.methods)}
+    assert reads == set(READ_CALLS)
+    for name, args in READ_CALLS.items():
+        args = tuple(txn if a == "TXN" else a for a in args)
+        expected = getattr(local, name)(*args)
+        if OPERATIONS.by_method[name][0].reply is JSON:  # what JSON can say of it
+            expected = json.loads(json.dumps(expected, default=str))
+        assert getattr(remote, name)(*args) == expected, name
+
+
+def test_bad_arguments_are_refused_before_a_request_is_sent(remote):
+    remote.create_stream("b")
+    with pytest.raises(streamlog.InvalidArgument, match="partition must be in 0..4294967295"):
+        remote.end_offset("b", -1)
+    with pytest.raises(streamlog.InvalidArgument, match="timestamp_us must be an int"):
+        remote.offset_for_timestamp("b", 0, "5")
+    with pytest.raises(streamlog.InvalidArgument, match="marker must be bytes"):
+        remote.commit_txn("b", 0, 1, marker="text")
+    with pytest.raises(TypeError):
+        remote.end_offset()  # the signature is LogAPI's
+    assert remote.end_offset("b") == 0  # the connection survived
+
+
+class AdminType(enum.IntEnum):
+    OPEN_TRANSACTIONS = 63  # a client type number MessageType does not use
+
+
+class AdminAPI(LogAPI, Protocol):
+    def open_transactions(self, stream: str, partition: int) -> dict[int, int]: ...
+
+
+# {txn_id: first offset} as JSON pairs: JSON object keys would come back as strings
+TXN_FIRSTS = Reply(JSON.message, lambda firsts: (json.dumps(sorted(firsts.items())).encode(),),
+                   lambda reply: {txn: first for txn, first in reply.value()})
+ADMIN = OPERATIONS.extended(
+    Operation(AdminType.OPEN_TRANSACTIONS, (STREAM, PARTITION), TXN_FIRSTS), api=AdminAPI)
+
+
+class AdminRemoteLog(RemoteLog, operations=ADMIN):
+    pass
+
+
+def test_an_operation_added_to_a_table_works_locally_and_remotely(daemon_factory):
+    """A row, a protocol that declares its method, and a Log that has it: nothing else."""
+    daemon = daemon_factory(operations=ADMIN)
+    local = daemon.log
+    local.create_stream("x")
+    txn = local.new_txn_id()
+    local.append_batch_sync("x", [b"a", b"b"], txn_id=txn)
+    with AdminRemoteLog(daemon.url, parse_url(daemon.url), TOKEN.encode()) as remote:
+        assert remote.open_transactions("x", 0) == local.open_transactions("x", 0) == {txn: 0}
+        remote.commit_txn("x", 0, txn)
+        assert remote.open_transactions("x", 0) == local.open_transactions("x", 0) == {}
+        with pytest.raises(streamlog.UnknownStream):  # errors cross as for any row
+            remote.open_transactions("nope", 0)
+        assert remote.end_offset("x") == 3  # the standard rows are still there
+    assert not hasattr(RemoteLog, "open_transactions")
+
+
 def test_batch_over_the_frame_limit_is_split_and_lands_whole(daemon_factory):
     daemon = daemon_factory(frame_bytes_max=256 * 1024)
     with daemon.connect() as log:
@@ -363,15 +454,15 @@ def test_pipelined_requests_are_answered_and_land_in_order(daemon):
     raw = RawClient(daemon.server.port)
     burst = b"".join(raw.conn.send(append_message(rid, "pipe", [b"r%d" % rid]))
                      for rid in range(1, 101))
-    raw.sock.sendall(burst + raw.conn.send(p.Offsets(101, "pipe", 0)))
+    raw.sock.sendall(burst + raw.conn.send(request("offsets")(101, "pipe", 0)))
     replies = {}
     while len(replies) < 101:
         message = raw.receive()
         replies[message.request_id] = message
     raw.close()
-    offsets = [p.ranges_of(replies[rid])[0][0] for rid in range(1, 101)]
+    offsets = [messages.ranges_of(replies[rid])[0][0] for rid in range(1, 101)]
     assert offsets == list(range(100))  # sent in order, landed in order
-    assert isinstance(replies[101], p.ResultOffsets)
+    assert isinstance(replies[101], messages.ResultOffsets)
     with daemon.connect() as log:
         assert [r.value for r in log.reader("pipe", 0)] == [b"r%d" % i for i in range(1, 101)]
 
@@ -415,10 +506,10 @@ def test_many_concurrent_clients(daemon):
 # -- security and garbage --------------------------------------------------------------
 
 def test_wrong_or_missing_token_is_refused(daemon, caplog, monkeypatch):
-    with pytest.raises(p.AuthenticationFailed):
+    with pytest.raises(codes.AuthenticationFailed):
         open_remote(daemon.url, "not-the-token")
     monkeypatch.delenv("STREAMLOG_TOKEN", raising=False)
-    with pytest.raises(p.AuthenticationFailed):
+    with pytest.raises(codes.AuthenticationFailed):
         open_remote(daemon.url)
     monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
     with open_remote(daemon.url) as log:  # the environment's token
@@ -429,15 +520,15 @@ def test_wrong_or_missing_token_is_refused(daemon, caplog, monkeypatch):
 
 def test_requests_before_hello_are_refused(daemon):
     raw = RawClient(daemon.server.port, hello=False)
-    raw.sock.sendall(p.encode_message(p.Streams(1)))
+    raw.sock.sendall(messages.encode_message(request("streams")(1)))
     reply = raw.receive()
-    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.UNAUTHENTICATED
+    assert isinstance(reply, messages.Error) and reply.code == codes.ErrorCode.UNAUTHENTICATED
     assert raw.closed_within(5)
 
 
 def _with_bad_headers() -> bytes:
-    payload, flags = p.encode_records([1], [None], [b"v"], None, [(("a", b"b"),)])
-    frame = p.encode_message(p.Append(1, "g", 0, 0, 1, 1, flags, payload))
+    payload, flags = columns.encode_records([1], [None], [b"v"], None, [(("a", b"b"),)])
+    frame = messages.encode_message(messages.Append(1, "g", 0, 0, 1, 1, flags, payload))
     return frame[:-10] + b"\xff\xff" + frame[-8:]  # the header count, now 65535
 
 
@@ -445,10 +536,12 @@ def _with_bad_headers() -> bytes:
     b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a length of ~1.2 GB: over the limit
     struct.pack(">IBI", 5, 250, 1),  # unknown message type
     struct.pack(">IBI", 3, 1, 1),  # impossible length
-    struct.pack(">IBI", 9, p.MessageType.OFFSETS, 1) + b"\x00\x10ab",  # body too short
-    p.encode_message(p.Ping(1)) + b"\xff" * 3 + struct.pack(">IBI", 6, 2, 2) + b"x",
-    p.encode_message(p.Hello(7, p.WIRE_VERSION, TOKEN.encode(), "again")),  # second HELLO
-    p.encode_message(p.ReadEnd(1, 5)),  # a server's message, from a client
+    struct.pack(">IBI", 9, codes.MessageType.OFFSETS, 1) + b"\x00\x10ab",  # body too short
+    messages.encode_message(messages.Ping(1)) + b"\xff" * 3 + struct.pack(">IBI", 6, 2, 2)
+    + b"x",
+    messages.encode_message(  # a second HELLO
+        messages.Hello(7, messages.WIRE_VERSION, TOKEN.encode(), "again")),
+    messages.encode_message(messages.ReadEnd(1, 5)),  # a server's message, from a client
     _with_bad_headers(),  # an APPEND whose record headers do not parse
 ])
 def test_garbage_disconnects_with_a_logged_reason_and_harms_nobody(daemon, caplog, garbage):
@@ -457,10 +550,10 @@ def test_garbage_disconnects_with_a_logged_reason_and_harms_nobody(daemon, caplo
     raw = RawClient(daemon.server.port)
     raw.sock.sendall(garbage)
     message = raw.receive()
-    while isinstance(message, p.Pong):  # the valid PING before the garbage is answered
+    while isinstance(message, messages.Pong):  # the valid PING before the garbage is answered
         message = raw.receive()
-    assert isinstance(message, p.Error), message
-    assert message.code in (p.ErrorCode.PROTOCOL_ERROR, p.ErrorCode.FRAME_TOO_LARGE)
+    assert isinstance(message, messages.Error), message
+    assert message.code in (codes.ErrorCode.PROTOCOL_ERROR, codes.ErrorCode.FRAME_TOO_LARGE)
     assert raw.closed_within(5)
     raw.close()
     wait_until(lambda: events(caplog, "protocol_error"), what="a logged reason")
@@ -472,15 +565,15 @@ def test_garbage_disconnects_with_a_logged_reason_and_harms_nobody(daemon, caplo
 def test_oversize_frame_is_refused_before_its_body_is_read(daemon_factory):
     daemon = daemon_factory(frame_bytes_max=1024 * 1024)
     raw = RawClient(daemon.server.port)
-    raw.sock.sendall(struct.pack(">IBI", 50 * 1024 * 1024, p.MessageType.APPEND, 1))
+    raw.sock.sendall(struct.pack(">IBI", 50 * 1024 * 1024, codes.MessageType.APPEND, 1))
     reply = raw.receive()
-    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.FRAME_TOO_LARGE
+    assert isinstance(reply, messages.Error) and reply.code == codes.ErrorCode.FRAME_TOO_LARGE
     assert raw.closed_within(5)
     # before the HELLO, the bound is 64 KiB: no large pre-authentication buffers
     raw = RawClient(daemon.server.port, hello=False)
-    raw.sock.sendall(struct.pack(">IBI", 200 * 1024, p.MessageType.HELLO, 0))
+    raw.sock.sendall(struct.pack(">IBI", 200 * 1024, codes.MessageType.HELLO, 0))
     reply = raw.receive()
-    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.FRAME_TOO_LARGE
+    assert isinstance(reply, messages.Error) and reply.code == codes.ErrorCode.FRAME_TOO_LARGE
     # a client splits its own large batches under the announced limit
     with daemon.connect() as log:
         log.create_stream("o")
@@ -492,7 +585,7 @@ def test_half_open_and_silent_connections_are_closed(daemon_factory, caplog):
     daemon = daemon_factory(handshake_timeout_s=0.5, idle_timeout_s=1.0, connections_max=3)
     silent = RawClient(daemon.server.port, hello=False)  # connects, says nothing
     half = RawClient(daemon.server.port)
-    half.sock.sendall(p.encode_message(p.Ping(1))[:6])  # half a frame, then silence
+    half.sock.sendall(messages.encode_message(messages.Ping(1))[:6])  # half a frame, then silence
     assert silent.closed_within(3) and half.closed_within(4)
     reasons = [r.fields["reason"] for r in events(caplog, "connection_closed")]
     assert any("no HELLO" in reason for reason in reasons)
@@ -509,10 +602,10 @@ def test_peer_vanishing_mid_tail_releases_its_reader(daemon):
         log.create_stream("t")
         log.append_batch_sync("t", [b"x"] * 10)
     raw = RawClient(daemon.server.port)
-    raw.send(p.Read(5, "t", 0, p.Start.OFFSET, 0, p.Stop.NONE, 0,
-                    p.READ_FOLLOW | p.READ_DATA_ONLY | p.READ_COMMITTED, 1 << 20))
-    assert isinstance(raw.receive(), p.ReadOpened)
-    assert isinstance(raw.receive(), p.Batch)
+    raw.send(messages.Read(5, "t", 0, messages.Start.OFFSET, 0, messages.Stop.NONE, 0,
+                           READ_ALL_FLAGS, 1 << 20))
+    assert isinstance(raw.receive(), messages.ReadOpened)
+    assert isinstance(raw.receive(), messages.Batch)
     wait_until(lambda: daemon.metric("streamlog_tailers") == 1, what="tailer")
     raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     raw.close()  # a reset, no goodbye
@@ -524,7 +617,7 @@ def test_peer_vanishing_mid_tail_releases_its_reader(daemon):
 def test_connection_limit(daemon_factory):
     daemon = daemon_factory(connections_max=2)
     first, second = daemon.connect(), daemon.connect()
-    with pytest.raises(p.DaemonUnavailable):
+    with pytest.raises(codes.DaemonUnavailable):
         daemon.connect()
     first.close()
     wait_until(lambda: len(daemon.server.sessions) == 1, what="slot freed")
@@ -543,28 +636,28 @@ def test_slow_tailer_gets_no_more_than_its_credit(daemon):
             log.append_batch_sync("slow", [b"s" * 1000] * 100)
     raw = RawClient(daemon.server.port)
     credit = 150_000
-    raw.send(p.Read(9, "slow", 0, p.Start.LOG_START, 0, p.Stop.NONE, 0,
-                    p.READ_FOLLOW | p.READ_DATA_ONLY | p.READ_COMMITTED, credit))
+    raw.send(messages.Read(9, "slow", 0, messages.Start.LOG_START, 0, messages.Stop.NONE, 0,
+                           READ_ALL_FLAGS, credit))
     received, batches = 0, []
     while True:
         try:
             message = raw.receive(timeout=1.0)
         except socket.timeout:
             break
-        if isinstance(message, p.Batch):
+        if isinstance(message, messages.Batch):
             batches.append(message)
             received += len(message.payload)
-    assert isinstance(batches[0], p.Batch) and received < credit + 110_000
+    assert isinstance(batches[0], messages.Batch) and received < credit + 110_000
     assert daemon.metric("streamlog_tail_lag_records") > 1000  # the rest waits on disk
-    raw.send(p.Credit(9, 10_000_000))  # a top-up lets the rest flow
+    raw.send(messages.Credit(9, 10_000_000))  # a top-up lets the rest flow
     total = sum(b.record_count for b in batches)
     while total < 2000:
         message = raw.receive()
-        if isinstance(message, p.Batch):
+        if isinstance(message, messages.Batch):
             total += message.record_count
     assert total == 2000
-    raw.send(p.Cancel(9))
-    assert isinstance(raw.receive(), p.ReadEnd)
+    raw.send(messages.Cancel(9))
+    assert isinstance(raw.receive(), messages.ReadEnd)
     raw.close()
 
 
@@ -607,7 +700,7 @@ def test_fast_producer_is_slowed_not_dropped(daemon_factory):
     assert peak["requests"] <= 8
     raw.sock.setblocking(True)
     replies = [raw.receive(timeout=30) for _ in frames]  # and nothing was dropped
-    assert all(isinstance(reply, p.Appended) for reply in replies)
+    assert all(isinstance(reply, messages.Appended) for reply in replies)
     assert sorted(reply.request_id for reply in replies) == list(range(1, 121))
     raw.close()
     with daemon.connect() as log:
@@ -636,7 +729,7 @@ def test_tls(daemon_factory, certificate):
         log.create_stream("secure")
         log.append_batch_sync("secure", [b"a", b"b"])
         assert [r.value for r in log.reader("secure", 0)] == [b"a", b"b"]
-    with pytest.raises(p.DaemonError):  # an unverified certificate is refused
+    with pytest.raises(codes.DaemonError):  # an unverified certificate is refused
         open_remote(tls_url, TOKEN)
     with pytest.raises(streamlog.StreamLogError):  # plain text to a TLS port
         open_remote(daemon.url, TOKEN, connect_timeout_s=3)
@@ -670,7 +763,7 @@ def test_url_parsing():
     for bad in ("http://h:1", "streamlog://", "streamlog://h:99999", "streamlog://h:1/x"):
         with pytest.raises(streamlog.InvalidArgument):
             parse_url(bad)
-    with pytest.raises(p.DaemonUnavailable):  # nothing listens there
+    with pytest.raises(codes.DaemonUnavailable):  # nothing listens there
         open_remote(f"streamlog://127.0.0.1:{_free_port()}", TOKEN, connect_timeout_s=2)
 
 
@@ -773,13 +866,13 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
         stop.set()
         for thread in threads:
             thread.join(30)
-        with pytest.raises(p.DaemonError):  # the tail ends with an error, not a hang
+        with pytest.raises(codes.DaemonError):  # the tail ends with an error, not a hang
             for _ in reader:
                 pass
         follower.close()
         events_seen = daemon.events()
         assert "draining" in events_seen and "stopped" in events_seen
-        assert all(isinstance(f, p.DaemonError) for f in failures)
+        assert all(isinstance(f, codes.DaemonError) for f in failures)
     finally:
         daemon.kill()
     with streamlog.open_log(path) as log:  # the lock was released; nothing acked is lost
@@ -797,73 +890,75 @@ def test_serve_refuses_to_start_without_a_token(tmp_path):
 
 # -- the sans-I/O protocol -------------------------------------------------------------
 
-def _sample_messages() -> list[p.Message]:
-    payload, flags = p.encode_records([1, 2], [b"k", None], [b"v", b""], [0, 1],
-                                      [(), (("h", b"x"),)])
+def _sample_messages() -> list[messages.Message]:
+    payload, flags = columns.encode_records([1, 2], [b"k", None], [b"v", b""], [0, 1],
+                                            [(), (("h", b"x"),)])
+    m = messages
     return [
-        p.Ping(1), p.CreateStream(2, "s", 4), p.Append(3, "s", -1, 9, 1, 2, flags, payload),
-        p.Read(4, "s", 1, p.Start.TIMESTAMP, -5, p.Stop.OFFSET, 10, p.READ_FOLLOW, 1 << 20),
-        p.Credit(4, 100), p.Cancel(4), p.CommitTxn(5, "s", 0, 1 << 63, "tag", b"m"),
+        m.Ping(1), request("create_stream")(2, "s", 4),
+        m.Append(3, "s", -1, 9, 1, 2, flags, payload),
+        m.Read(4, "s", 1, m.Start.TIMESTAMP, -5, m.Stop.OFFSET, 10, m.READ_FOLLOW, 1 << 20),
+        m.Credit(4, 100), m.Cancel(4), request("commit_txn")(5, "s", 0, 1 << 63, "tag", b"m"),
     ]
 
 
 def test_protocol_feeds_whole_byte_by_byte_and_with_trailing_bytes():
-    messages = _sample_messages()
-    stream = b"".join(p.encode_message(m) for m in messages)
+    samples = _sample_messages()
+    stream = b"".join(messages.encode_message(m) for m in samples)
     for chunk in (len(stream), 1, 7):
-        server = p.Connection(p.Role.SERVER)
-        server.receive_data(p.encode_message(p.Hello(0, 1, b"t")))
-        assert isinstance(server.next_event(), p.Hello)
-        server.send(p.HelloOk(0, 1, p.FRAME_BYTES_MAX, 1000))
+        server = connection.Connection(messages.Role.SERVER)
+        server.receive_data(messages.encode_message(messages.Hello(0, 1, b"t")))
+        assert isinstance(server.next_event(), messages.Hello)
+        server.send(messages.HelloOk(0, 1, messages.FRAME_BYTES_MAX, 1000))
         got = []
         for start in range(0, len(stream), chunk):
             server.receive_data(stream[start:start + chunk])
-            while (event := server.next_event()) is not p.NEED_DATA:
+            while (event := server.next_event()) is not connection.NEED_DATA:
                 got.append(event)
-        assert got == messages
-    server.receive_data(p.encode_message(p.Ping(9)) + b"\x00\x00")
-    assert server.next_event() == p.Ping(9)
-    assert server.next_event() is p.NEED_DATA  # trailing bytes stay buffered
+        assert got == samples
+    server.receive_data(messages.encode_message(messages.Ping(9)) + b"\x00\x00")
+    assert server.next_event() == messages.Ping(9)
+    assert server.next_event() is connection.NEED_DATA  # trailing bytes stay buffered
     assert server.buffered_bytes == 2
     server.receive_data(b"")
-    with pytest.raises(p.RemoteProtocolError):  # EOF inside a frame
+    with pytest.raises(codes.RemoteProtocolError):  # EOF inside a frame
         server.next_event()
 
 
 def test_protocol_garbage_raises_only_remote_protocol_errors():
     rng = random.Random(5)
-    valid = [p.encode_message(m) for m in _sample_messages()]
+    valid = [messages.encode_message(m) for m in _sample_messages()]
     for _ in range(1500):
-        server = p.Connection(p.Role.SERVER)
-        server.receive_data(p.encode_message(p.Hello(0, 1, b"t")))
+        server = connection.Connection(messages.Role.SERVER)
+        server.receive_data(messages.encode_message(messages.Hello(0, 1, b"t")))
         server.next_event()
-        server.send(p.HelloOk(0, 1, 1 << 20, 1000))
+        server.send(messages.HelloOk(0, 1, 1 << 20, 1000))
         data = bytearray(rng.choice(valid))
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(len(data))] = rng.randrange(256)
         server.receive_data(bytes(data) + bytes(rng.randrange(256) for _ in range(5)))
         try:
             for _ in range(5):
-                if server.next_event() is p.NEED_DATA:
+                if server.next_event() is connection.NEED_DATA:
                     break
-        except p.RemoteProtocolError:
-            with pytest.raises(p.RemoteProtocolError):  # sticky
+        except codes.RemoteProtocolError:
+            with pytest.raises(codes.RemoteProtocolError):  # sticky
                 server.next_event()
 
 
 def test_protocol_state_rules():
-    client = p.Connection(p.Role.CLIENT)
-    with pytest.raises(p.LocalProtocolError):
-        client.send(p.Ping(1))  # nothing before HELLO
+    client = connection.Connection(messages.Role.CLIENT)
+    with pytest.raises(codes.LocalProtocolError):
+        client.send(messages.Ping(1))  # nothing before HELLO
     with pytest.raises(TypeError):
-        p.ProtocolError("abstract")
-    assert isinstance(p.RemoteProtocolError("x"), streamlog.StreamLogError)
-    assert p.error_code_for(streamlog.UnknownStream("s")) is p.ErrorCode.UNKNOWN_STREAM
-    assert isinstance(p.exception_for(p.ErrorCode.OFFSET_OUT_OF_RANGE, "m"),
+        codes.ProtocolError("abstract")
+    assert isinstance(codes.RemoteProtocolError("x"), streamlog.StreamLogError)
+    assert codes.error_code_for(streamlog.UnknownStream("s")) is codes.ErrorCode.UNKNOWN_STREAM
+    assert isinstance(codes.exception_for(codes.ErrorCode.OFFSET_OUT_OF_RANGE, "m"),
                       streamlog.OffsetOutOfRange)
-    assert isinstance(p.exception_for(999, "future code"), p.RemoteError)
+    assert isinstance(codes.exception_for(999, "future code"), codes.RemoteError)
     # codes are stable: renumbering one breaks every deployed client
-    assert [(c.name, c.value) for c in p.ErrorCode][:4] == [
+    assert [(c.name, c.value) for c in codes.ErrorCode][:4] == [
         ("INTERNAL", 1), ("PROTOCOL_ERROR", 2), ("FRAME_TOO_LARGE", 3), ("UNAUTHENTICATED", 4)]
 
 
@@ -871,12 +966,12 @@ def test_encode_slice_matches_the_rows():
     values = [bytes([i]) * i for i in range(1, 30)]
     keys = [None if i % 4 == 0 else b"k%d" % i for i in range(29)]
     headers = [(("n", b"%d" % i),) if i % 3 == 0 else () for i in range(29)]
-    payload, flags = p.encode_records(list(range(29)), keys, values, [i % 2 for i in range(29)],
-                                      headers)
-    columns = p.decode_records(payload, flags, 29)
+    payload, flags = columns.encode_records(list(range(29)), keys, values,
+                                            [i % 2 for i in range(29)], headers)
+    decoded = columns.decode_records(payload, flags, 29)
     for lo, hi in ((0, 29), (3, 4), (5, 17), (28, 29)):
-        part, part_flags = p.encode_slice(columns, lo, hi)
-        got = p.columns_to_lists(p.decode_records(part, part_flags, hi - lo))
+        part, part_flags = columns.encode_slice(decoded, lo, hi)
+        got = columns.columns_to_lists(columns.decode_records(part, part_flags, hi - lo))
         assert got == (list(range(lo, hi)), keys[lo:hi], values[lo:hi],
                        [i % 2 for i in range(lo, hi)], headers[lo:hi])
 

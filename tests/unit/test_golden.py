@@ -7,7 +7,9 @@ already deployed; it must come with a format version, not by accident. (Kafka's
 
 from streamlog import frame, payload, seal, txn
 from streamlog.records import RecordKind
-from streamlog.wire.protocol import ErrorCode, MessageType
+from streamlog.wire.codes import ERRORS, ErrorCode, MessageType
+from streamlog.wire.messages import encode_message
+from streamlog.wire.operations import OPERATIONS
 
 
 def test_record_kinds():
@@ -63,3 +65,65 @@ def test_wire_codes():
         "TXN_STATE": 16, "HELLO_OK": 64, "PONG": 65, "ERROR": 66, "APPENDED": 67,
         "BATCH": 68, "READ_OPENED": 69, "READ_END": 70, "RESULT_INT": 71,
         "RESULT_OFFSETS": 72, "RESULT_JSON": 73, "RESULT_BYTES": 74}
+
+
+def test_wire_error_map():
+    """The exception a client raises for each code (codes.ERRORS)."""
+    assert [(code.name, kind.__name__) for code, kind in ERRORS] == [
+        ("INTERNAL", "RemoteError"), ("PROTOCOL_ERROR", "RemoteProtocolError"),
+        ("FRAME_TOO_LARGE", "RemoteProtocolError"), ("UNAUTHENTICATED", "AuthenticationFailed"),
+        ("UNSUPPORTED_VERSION", "RemoteProtocolError"),
+        ("TOO_MANY_CONNECTIONS", "DaemonUnavailable"), ("SHUTTING_DOWN", "DaemonUnavailable"),
+        ("INVALID_ARGUMENT", "InvalidArgument"), ("LIMIT_EXCEEDED", "InvalidArgument"),
+        ("INVALID_APPEND", "InvalidAppend"), ("UNKNOWN_STREAM", "UnknownStream"),
+        ("OFFSET_OUT_OF_RANGE", "OffsetOutOfRange"), ("LOG_CLOSED", "LogClosed"),
+        ("READ_ONLY", "ReadOnlyLog"), ("PARTITION_FAILED", "PartitionFailed"),
+        ("CORRUPTION", "CorruptionError"), ("STREAMLOG_ERROR", "StreamLogError")]
+
+
+def test_wire_message_layouts():
+    """Each message's field kinds in wire order (names are not on the wire), and the
+    reply each request/reply operation is answered with."""
+    layouts = {cls.TYPE.name: tuple(kind for _, kind in cls.FIELDS)
+               for _, cls in sorted(OPERATIONS.messages.items())}
+    assert layouts == {
+        "HELLO": ("u16", "blob", "str"), "PING": (), "CREATE_STREAM": ("str", "u32"),
+        "APPEND": ("str", "i32", "u64", "u8", "u32", "u8", "view"),
+        "READ": ("str", "u32", "u8", "i64", "u8", "i64", "u8", "u32"), "CREDIT": ("u32",),
+        "CANCEL": (), "OFFSETS": ("str", "u32"), "OFFSET_FOR_TIMESTAMP": ("str", "u32", "i64"),
+        "INFO": (), "STREAMS": (), "COMMIT_TXN": ("str", "u32", "u64", "str", "blob"),
+        "ABORT_TXN": ("str", "u32", "u64"), "LAST_COMMIT": ("str", "u32", "str"),
+        "TRUNCATE_AFTER": ("str", "u32", "i64"), "TXN_STATE": ("str", "u32", "u64"),
+        "HELLO_OK": ("u16", "u32", "u32", "str"), "PONG": (), "ERROR": ("u16", "str"),
+        "APPENDED": ("u32", "rest"), "BATCH": ("u32", "i64", "u64", "u32", "u8", "view"),
+        "READ_OPENED": ("i64",), "READ_END": ("i64",), "RESULT_INT": ("i64",),
+        "RESULT_OFFSETS": ("i64", "i64", "i64"), "RESULT_JSON": ("rest",),
+        "RESULT_BYTES": ("u8", "rest")}
+    assert {op.type.name: op.reply.message.TYPE.name for op in OPERATIONS
+            if not op.streamed} == {
+        "CREATE_STREAM": "RESULT_INT", "STREAMS": "RESULT_JSON", "OFFSETS": "RESULT_OFFSETS",
+        "OFFSET_FOR_TIMESTAMP": "RESULT_INT", "INFO": "RESULT_JSON", "COMMIT_TXN": "RESULT_INT",
+        "ABORT_TXN": "RESULT_INT", "TXN_STATE": "RESULT_INT", "LAST_COMMIT": "RESULT_BYTES",
+        "TRUNCATE_AFTER": "RESULT_INT"}
+
+
+def test_wire_request_bytes():
+    """Requests built from the operation table, byte for byte as deployed clients send."""
+    def request(name, request_id, *values):
+        return encode_message(OPERATIONS[name].request(request_id, *values)).hex()
+
+    assert request("commit_txn", 5, "s", 0, 1 << 63, "tag", b"m") == (
+        "0000001e0c000000050001730000000080000000000000000003746167000000016d")
+    assert request("create_stream", 2, "s", 4) == "0000000c030000000200017300000004"
+    assert request("offsets", 3, "x", 1) == "0000000c080000000300017800000001"
+    assert request("offset_for_timestamp", 4, "s", 2, -5) == (
+        "00000014090000000400017300000002fffffffffffffffb")
+    assert request("info", 5) == "000000050a00000005"
+    assert request("streams", 6) == "000000050b00000006"
+    assert request("abort_txn", 7, "s", 1, 9) == (
+        "000000140d00000007000173000000010000000000000009")
+    assert request("last_commit", 8, "s", 0, "t") == "0000000f0e0000000800017300000000000174"
+    assert request("truncate_after", 9, "s", 0, 77) == (
+        "000000140f0000000900017300000000000000000000004d")
+    assert request("txn_state", 10, "s", 3, 99) == (
+        "00000014100000000a000173000000030000000000000063")

@@ -1,0 +1,276 @@
+"""Records on the wire: the payload of an APPEND or a BATCH, as the log's own columns.
+
+Strategy: records travel in payload.py's columnar layout (timestamps, key and value
+lengths, then the blobs), so neither side loops over records to frame them: the daemon
+checks an APPEND as NumPy columns and sends a reader's batches as slices of the columns
+it decoded (`pull_batches`); a client turns a BATCH into Arrow without a loop per
+record. No zstd on the
+wire: loopback and LAN links are faster than decompression.
+
+Pure functions, bytes in and values out; `decode_records` raises LocalProtocolError for
+a payload that does not add up (the connection re-raises it as the peer's fault). The
+client's side of an append (check the records as the local log does, cut a batch that
+would pass the daemon's frame limit into pieces) is here too: `checked_columns`,
+`pieces`, `take`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import validate
+from ..errors import CorruptFrame, InvalidAppend
+from ..frame import CODEC_NONE, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS, Frame
+from ..payload import Columns, decode_columns, decode_headers, encode_payload
+from ..records import RecordKind
+from .codes import LocalProtocolError
+
+PAYLOAD_FLAGS_KNOWN = FLAG_HAS_CONTROL | FLAG_HAS_HEADERS
+# An APPEND larger than the daemon's frame limit less this slack is sent in pieces.
+FRAME_SLACK_BYTES = 64 * 1024
+_KIND_MAX = max(RecordKind)
+
+
+def encode_records(timestamps_us, keys, values, kinds=None, headers=None) -> tuple[bytes, int]:
+    """The payload of an APPEND: the log's columnar layout (payload.encode_payload).
+    The caller has checked types (bytes values and keys, int timestamps)."""
+    return encode_payload(timestamps_us, keys, values, kinds, headers)
+
+
+def decode_records(payload, payload_flags: int, record_count: int, *, base_offset: int = 0,
+                   txn_id: int = 0) -> Columns:
+    """Columns of an APPEND or BATCH payload, checked; LocalProtocolError if they do not
+    add up."""
+    if payload_flags & ~PAYLOAD_FLAGS_KNOWN:
+        raise LocalProtocolError(f"unknown payload flags {payload_flags:#x}")
+    if record_count < 1:
+        raise LocalProtocolError("a record payload must hold at least one record")
+    frame = Frame(0, base_offset, record_count, 0, 0, txn_id, payload_flags | CODEC_NONE,
+                  len(payload), payload)
+    try:
+        columns = decode_columns(frame)
+    except CorruptFrame as error:
+        raise LocalProtocolError(f"bad record payload: {error.reason}") from None
+    if columns.kinds is not None and int(columns.kinds.max()) > _KIND_MAX:
+        raise LocalProtocolError("record payload has an unknown record kind")
+    if columns.header_lengths is not None and int(columns.header_lengths.min()) < 0:
+        raise LocalProtocolError("record payload has a negative header length")
+    return columns
+
+
+def check_headers(columns: Columns) -> None:
+    """Raise LocalProtocolError unless every record's headers parse (a loop per record:
+    worth it only for the rare payload with headers, to refuse garbage on arrival)."""
+    if columns.header_lengths is None:
+        return
+    try:
+        for blob in split_blobs(bytes(columns.headers), columns.header_lengths):
+            decode_headers(blob)
+    except CorruptFrame as error:
+        raise LocalProtocolError(f"bad record headers: {error.reason}") from None
+
+
+# -- columns -> payload (the daemon's replies to a READ) -------------------------------
+
+def encode_slice(columns: Columns, lo: int, hi: int) -> tuple[bytes, int]:
+    """Payload of rows [lo, hi) of a decoded batch, with no loop per record."""
+    assert 0 <= lo < hi <= len(columns)
+    flags = 0
+    whole = lo == 0 and hi == len(columns)
+    parts = [columns.timestamps_us[lo:hi].tobytes(), columns.key_lengths[lo:hi].tobytes(),
+             columns.value_lengths[lo:hi].tobytes()]
+    if columns.header_lengths is not None:
+        flags |= FLAG_HAS_HEADERS
+        parts.append(columns.header_lengths[lo:hi].tobytes())
+    if columns.kinds is not None:
+        flags |= FLAG_HAS_CONTROL
+        parts.append(columns.kinds[lo:hi].tobytes())
+    if whole:
+        parts += [columns.keys, columns.values]
+        if columns.headers is not None:
+            parts.append(columns.headers)
+    else:
+        parts.append(_blob_slice(np.maximum(columns.key_lengths, 0), columns.keys, lo, hi))
+        parts.append(_blob_slice(columns.value_lengths, columns.values, lo, hi))
+        if columns.headers is not None:
+            parts.append(_blob_slice(columns.header_lengths, columns.headers, lo, hi))
+    return b"".join(parts), flags
+
+
+def encode_slices(slices) -> tuple[bytes, int]:
+    """One payload for several (columns, lo, hi) slices of consecutive offsets, so a
+    replay sends few large BATCH messages; still no loop per record."""
+    if len(slices) == 1:
+        return encode_slice(*slices[0])
+    headers = any(c.header_lengths is not None for c, _, _ in slices)
+    control = any(c.kinds is not None for c, _, _ in slices)
+    parts = [c.timestamps_us[lo:hi].tobytes() for c, lo, hi in slices]
+    parts += [c.key_lengths[lo:hi].tobytes() for c, lo, hi in slices]
+    parts += [c.value_lengths[lo:hi].tobytes() for c, lo, hi in slices]
+    if headers:
+        parts += [_or_zeros(c.header_lengths, lo, hi, "<i4") for c, lo, hi in slices]
+    if control:
+        parts += [_or_zeros(c.kinds, lo, hi, "u1") for c, lo, hi in slices]
+    parts += [_blob_slice(np.maximum(c.key_lengths, 0), c.keys, lo, hi) for c, lo, hi in slices]
+    parts += [_blob_slice(c.value_lengths, c.values, lo, hi) for c, lo, hi in slices]
+    if headers:
+        parts += [_blob_slice(c.header_lengths, c.headers, lo, hi) for c, lo, hi in slices
+                  if c.header_lengths is not None]
+    flags = (FLAG_HAS_HEADERS if headers else 0) | (FLAG_HAS_CONTROL if control else 0)
+    return b"".join(parts), flags
+
+
+def _or_zeros(column: np.ndarray | None, lo: int, hi: int, dtype: str) -> bytes:
+    return (column[lo:hi] if column is not None else np.zeros(hi - lo, dtype)).tobytes()
+
+
+def _blob_slice(lengths: np.ndarray, blob, lo: int, hi: int):
+    if lo == 0 and hi == len(lengths):
+        return blob
+    start = int(lengths[:lo].sum())
+    return blob[start:start + int(lengths[lo:hi].sum())]
+
+
+MORE, WAIT, END = "more", "wait", "end"
+
+
+def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
+    """(batches, status): advance a reader's slice generator (reader.slices(); the
+    daemon does it on its thread pool) until `bytes_budget` payload bytes are encoded
+    (MORE), the reader must wait for appends (WAIT), or it is done (END). A batch is
+    (base_offset, record_count, txn_id, payload_flags, payload); consecutive slices of
+    one transaction (0 for most) go out as one."""
+    out, group, size, status = [], [], 0, END
+    for item in slices:
+        if not isinstance(item, tuple):  # the reader's wait sentinel: at the live end
+            status = WAIT
+            break
+        columns, lo, hi = item
+        if group and not _continues(group[-1], columns, lo):
+            out.append(_batch(group))
+            group = []
+        group.append(item)
+        size += int(columns.value_lengths[lo:hi].sum()) + 16 * (hi - lo)
+        if size >= bytes_budget:
+            status = MORE
+            break
+    if group:
+        out.append(_batch(group))
+    return out, status
+
+
+def _continues(previous, columns, lo: int) -> bool:
+    last, _, hi = previous
+    return (columns.txn_id == last.txn_id
+            and columns.base_offset + lo == last.base_offset + hi)
+
+
+def _batch(group) -> tuple:
+    first, lo, _ = group[0]
+    count = sum(hi - lo for _, lo, hi in group)
+    payload, flags = encode_slices(group)
+    return first.base_offset + lo, count, first.txn_id, flags, payload
+
+
+# -- payload -> lists (the daemon's side of an APPEND) ---------------------------------
+
+def columns_to_lists(columns: Columns, *, timestamps: bool = True):
+    """(timestamps, keys, values, kinds, headers) lists of a decoded APPEND, for
+    Log.append_batch. kinds / headers are None when the payload has none; timestamps
+    None when not asked for."""
+    timestamps = columns.timestamps_us.tolist() if timestamps else None
+    values = split_blobs(bytes(columns.values), columns.value_lengths)
+    key_lengths = columns.key_lengths
+    if len(key_lengths) and int(key_lengths.min()) >= 0:
+        keys = split_blobs(bytes(columns.keys), key_lengths)
+    elif int(key_lengths.max()) < 0:
+        keys = [None] * len(key_lengths)
+    else:
+        present = iter(split_blobs(bytes(columns.keys), np.maximum(key_lengths, 0)))
+        keys = [next(present) if length >= 0 else (next(present), None)[1]
+                for length in key_lengths.tolist()]
+    kinds = columns.kinds.tolist() if columns.kinds is not None else None
+    headers = None
+    if columns.header_lengths is not None:
+        headers = [decode_headers(blob) for blob in
+                   split_blobs(bytes(columns.headers), columns.header_lengths)]
+    return timestamps, keys, values, kinds, headers
+
+
+def split_blobs(blob: bytes, lengths: np.ndarray) -> list[bytes]:
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    return [blob[start:end] for start, end in zip([0, *ends], ends)]  # faster than map()
+
+
+# -- lists -> payloads (the client's side of an APPEND) --------------------------------
+
+@dataclasses.dataclass(slots=True)
+class ClientColumns:
+    """An append's records, checked, as parallel lists."""
+
+    values: list
+    keys: list
+    timestamps: list
+    headers: list | None
+    kinds: list | None
+
+
+def checked_columns(values, keys, timestamps_us, headers, kinds) -> ClientColumns:
+    """The log's checks (validate.records); the daemon bounds record sizes itself and
+    stamps the append time when no timestamps are given (sent as zeros)."""
+    values, keys, timestamps, headers, kinds = validate.records(values, keys, timestamps_us,
+                                                                headers, kinds)
+    if timestamps is None:
+        timestamps = [0] * len(values)
+    if headers is not None and not any(headers):
+        headers = None
+    if kinds is not None and not any(kinds):
+        kinds = None
+    return ClientColumns(values, keys, timestamps, headers, kinds)
+
+
+def pieces(columns: ClientColumns, bytes_max: int) -> list[range]:
+    """Row ranges whose encoded payload stays under bytes_max (one range, usually)."""
+    n = len(columns.values)
+    sizes = None
+    keys = columns.keys
+    key_bytes = (sum(map(len, keys)) if keys[0] is not None and None not in keys
+                 else sum(len(k) for k in keys if k))
+    total = sum(map(len, columns.values)) + key_bytes + 17 * n
+    if columns.headers is not None:
+        sizes = [len(v) + (len(k) if k else 0) + 21 + _headers_size(h) for v, k, h in
+                 zip(columns.values, columns.keys, columns.headers)]
+        total = sum(sizes)
+    if total <= bytes_max:
+        return [range(n)]
+    if sizes is None:
+        sizes = [len(v) + (len(k) if k else 0) + 17 for v, k in
+                 zip(columns.values, columns.keys)]
+    out, start, size = [], 0, 0
+    for row, record in enumerate(sizes):
+        if record > bytes_max:
+            raise InvalidAppend(f"record {row} is {record} bytes; the daemon takes frames of"
+                                f" at most {bytes_max + FRAME_SLACK_BYTES}")
+        if size + record > bytes_max:
+            out.append(range(start, row))
+            start, size = row, 0
+        size += record
+    out.append(range(start, n))
+    return out
+
+
+def take(columns: ClientColumns, rows: range):
+    """(timestamps, keys, values, kinds, headers) of `rows`, for encode_records."""
+    if len(rows) == len(columns.values):
+        return (columns.timestamps, columns.keys, columns.values, columns.kinds,
+                columns.headers)
+    cut = slice(rows.start, rows.stop)
+    return (columns.timestamps[cut], columns.keys[cut], columns.values[cut],
+            columns.kinds[cut] if columns.kinds is not None else None,
+            columns.headers[cut] if columns.headers is not None else None)
+
+
+def _headers_size(headers) -> int:
+    return 2 + sum(8 + len(name.encode()) + len(value) for name, value in headers)

@@ -1,0 +1,213 @@
+"""One side of one daemon connection, sans I/O: bytes in, messages out, and the rules.
+
+Strategy (h11's): nothing here touches a socket, a file or an event loop. A `Connection`
+buffers the bytes its owner received (`receive_data`), hands back one message at a time
+(`next_event`, or the sentinels `NEED_DATA` / `CLOSED`), and turns a message to send into
+bytes (`send`). session.py / server.py and link.py are the thin shells that move those
+bytes; messages.py says what the bytes are.
+
+Rules (Rule 1: the client speaks first): a connection starts with the client's HELLO
+(token); the server answers HELLO_OK or ERROR and, after an ERROR, closes. Then the
+client sends requests, pipelined, each with a fresh request_id, and the server answers
+each, in any order. READ subscribes: the server sends BATCH messages as long as the
+client's credit (bytes) lasts, topped up by CREDIT, and READ_END when the range is done
+(a follow read never ends by itself; CANCEL ends it). Rule 2: anything that breaks these
+rules, or a frame over the limit, is a `RemoteProtocolError` on the receiving side and
+the connection is in the sticky ERROR state: the only thing left to send is an ERROR.
+
+Errors: our own code raises `LocalProtocolError` ("you broke it"); `next_event`, the
+one entry point for peer bytes, re-raises it as `RemoteProtocolError` ("the peer did").
+The transitions are data (`_SEND_TRANSITIONS`, `_RECEIVE_TRANSITIONS`); in READY, each
+side may send any message of its own role but the handshake's.
+"""
+
+from __future__ import annotations
+
+from .codes import ErrorCode, LocalProtocolError, RemoteProtocolError
+from .messages import (FRAME_BYTES_MAX, FRAME_BYTES_MIN, HEADER, HELLO_BYTES_MAX, Error, Hello,
+                       HelloOk, Message, Role, decode_message, encode_message_parts)
+from .operations import OPERATIONS
+
+
+class _Sentinel(type):
+    """A class whose type is itself: `NEED_DATA`, `READY`, ... (h11 `_util.Sentinel`)."""
+
+    def __new__(cls, name, bases, namespace):
+        assert bases == (_Sentinel,)
+        self = super().__new__(cls, name, bases, namespace)
+        self.__class__ = self
+        return self
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+class NEED_DATA(_Sentinel, metaclass=_Sentinel):
+    """next_event(): no whole message is buffered yet."""
+
+
+class CLOSED(_Sentinel, metaclass=_Sentinel):
+    """next_event(): the peer closed its side cleanly; nothing more will come."""
+
+
+class START(_Sentinel, metaclass=_Sentinel):
+    """Client: nothing sent yet."""
+
+
+class AWAIT_HELLO(_Sentinel, metaclass=_Sentinel):
+    """Server: waiting for the client's HELLO."""
+
+
+class HELLO_SENT(_Sentinel, metaclass=_Sentinel):
+    """Client: HELLO sent, waiting for HELLO_OK."""
+
+
+class HELLO_RECEIVED(_Sentinel, metaclass=_Sentinel):
+    """Server: HELLO received; the shell checks the token and sends HELLO_OK or ERROR."""
+
+
+class READY(_Sentinel, metaclass=_Sentinel):
+    """Requests and replies flow."""
+
+
+class DONE(_Sentinel, metaclass=_Sentinel):
+    """The handshake was refused; the connection is over."""
+
+
+class ERROR(_Sentinel, metaclass=_Sentinel):
+    """A protocol error happened: sticky; only an ERROR message may still be sent."""
+
+
+_SEND_TRANSITIONS = {
+    (Role.CLIENT, START, Hello): HELLO_SENT,
+    (Role.SERVER, HELLO_RECEIVED, HelloOk): READY,
+    (Role.SERVER, HELLO_RECEIVED, Error): DONE,
+    (Role.SERVER, AWAIT_HELLO, Error): DONE,
+    (Role.SERVER, ERROR, Error): ERROR,
+}
+_RECEIVE_TRANSITIONS = {
+    (Role.SERVER, AWAIT_HELLO, Hello): HELLO_RECEIVED,
+    (Role.CLIENT, HELLO_SENT, HelloOk): READY,
+    (Role.CLIENT, HELLO_SENT, Error): DONE,
+    (Role.CLIENT, START, Error): DONE,  # refused (connection limit) before our HELLO
+}
+
+
+class Connection:
+    """One side of one connection. Used by one task at a time (not thread-safe).
+
+    Args:
+        role: Role.CLIENT or Role.SERVER.
+        frame_bytes_max: the largest length field accepted from the peer once the
+            handshake is done (before it, HELLO_BYTES_MAX).
+        messages: the message classes by type number that the peer may send (an
+            operation table's `messages`; the standard table's by default).
+    """
+
+    def __init__(self, role: Role, frame_bytes_max: int = FRAME_BYTES_MAX, *,
+                 messages: dict[int, type[Message]] | None = None) -> None:
+        assert frame_bytes_max >= HELLO_BYTES_MAX
+        self.role = role
+        self.frame_bytes_max = frame_bytes_max
+        self.messages = OPERATIONS.messages if messages is None else messages
+        self.state = START if role is Role.CLIENT else AWAIT_HELLO
+        self._buffer = bytearray()
+        self._start = 0
+        self._eof = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._start
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer bytes from the peer; b"" means the peer closed its side."""
+        if not data:
+            self._eof = True
+            return
+        if self._start and self._start * 2 >= len(self._buffer):
+            del self._buffer[:self._start]
+            self._start = 0
+        self._buffer += data
+
+    def next_event(self):
+        """The next whole message, NEED_DATA, or CLOSED. Raises RemoteProtocolError for
+        bytes or messages the protocol forbids (and stays in ERROR)."""
+        if self.state is ERROR:
+            raise RemoteProtocolError("the connection already failed")
+        try:
+            return self._next_event()
+        except LocalProtocolError as error:
+            self.state = ERROR
+            raise RemoteProtocolError(str(error), error.error_code) from None
+
+    def events(self, data: bytes):
+        """receive_data(data), then each whole message now buffered, in order; CLOSED
+        last if the peer closed its side. Raises as next_event does."""
+        self.receive_data(data)
+        while (event := self.next_event()) is not NEED_DATA:
+            yield event
+            if event is CLOSED:
+                return
+
+    def _next_event(self):
+        available = len(self._buffer) - self._start
+        if available < HEADER.size:
+            return self._starved(available)
+        length, type_code, request_id = HEADER.unpack_from(self._buffer, self._start)
+        limit = self.frame_bytes_max if self.state is READY else HELLO_BYTES_MAX
+        if length > limit:
+            raise LocalProtocolError(f"frame of {length} bytes is over the limit of {limit}",
+                                     ErrorCode.FRAME_TOO_LARGE)
+        if length < FRAME_BYTES_MIN:
+            raise LocalProtocolError(f"frame length {length} is impossible")
+        if available < 4 + length:
+            return self._starved(available)
+        body = bytes(memoryview(self._buffer)[self._start + HEADER.size:self._start + 4 + length])
+        self._start += 4 + length
+        message = decode_message(type_code, request_id, body, self.messages)
+        self._transition_received(message)
+        return message
+
+    def _starved(self, available: int):
+        if not self._eof:
+            return NEED_DATA
+        if available:
+            raise LocalProtocolError(f"the peer closed the connection inside a frame "
+                                     f"({available} bytes of it received)")
+        return CLOSED
+
+    def _transition_received(self, message: Message) -> None:
+        target = _RECEIVE_TRANSITIONS.get((self.role, self.state, type(message)))
+        if target is not None:
+            self.state = target
+            return
+        if self.state is READY and message.FROM is not self.role and not isinstance(
+                message, (Hello, HelloOk)):
+            return
+        if self.role is Role.SERVER and self.state is AWAIT_HELLO:
+            raise LocalProtocolError(f"expected HELLO, got {message.TYPE.name}",
+                                     ErrorCode.UNAUTHENTICATED)
+        raise LocalProtocolError(f"{message.TYPE.name} is not allowed in state "
+                                 f"{self.state!r} from the {message.FROM.value}")
+
+    def send(self, message: Message) -> bytes:
+        """Bytes to write for `message`. Raises LocalProtocolError if this side may not
+        send it now."""
+        return b"".join(self.send_parts(message))
+
+    def send_parts(self, message: Message) -> list:
+        """send(), as buffers to write in order (a record payload is not copied)."""
+        target = _SEND_TRANSITIONS.get((self.role, self.state, type(message)))
+        if target is None:
+            if not (self.state is READY and message.FROM is self.role
+                    and not isinstance(message, (Hello, HelloOk))):
+                raise LocalProtocolError(f"cannot send {message.TYPE.name} in state "
+                                         f"{self.state!r} as the {self.role.value}")
+            target = READY
+        parts = encode_message_parts(message)
+        self.state = target
+        return parts
+
+    def send_failed(self) -> None:
+        """The shell could not write; nothing more should be sent or parsed."""
+        self.state = ERROR

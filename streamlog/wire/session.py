@@ -1,0 +1,475 @@
+"""The daemon's side of one connection: a session, its requests and its reads.
+
+Strategy: a thin asyncio shell around `connection.Connection`. Each connection is a
+`Session`: one task reads the socket and dispatches whole messages; each request runs
+as its own task (requests are pipelined and answered in any order; appends from one
+connection are submitted to the log in the order they arrived). Every request/reply
+operation is answered by one handler, `_answer`, from its row of the operation table
+(operations.py): the row's methods run on the server's thread pool (or on the event
+loop, for in-memory reads) and the row encodes the result. APPEND and READ have code
+of their own: an APPEND's records arrive as columns, are checked as columns (NumPy),
+and go to the partition's writer as one piece (`_append_records`); a READ
+(`_Subscription`) sends the columns the reader produced (`columns.pull_batches`), one
+pull ahead of the socket, as far as the client's credit goes. The bounds it keeps are
+ServerConfig's (server.py says why each exists). Event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..appender import Piece
+from ..errors import LogClosed
+from ..records import AppendResult
+from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
+from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
+from .connection import CLOSED, DONE, ERROR, NEED_DATA, Connection
+from .messages import (READ_COMMITTED, READ_DATA_ONLY, READ_FOLLOW, WIRE_VERSION, Append,
+                       Appended, Batch, Cancel, Credit, Error, Hello, HelloOk, Message, Ping,
+                       Pong, Read, ReadEnd, ReadOpened, Role, Start, Stop, error_message,
+                       pack_ranges)
+from .operations import Operation
+
+if TYPE_CHECKING:
+    from .server import LogServer
+
+log = logging.getLogger("streamlog.wire.server")
+
+READ_CHUNK_BYTES = 256 * 1024
+PULL_BYTES_MAX = 1024 * 1024
+
+
+def event(level: int, name: str, **fields) -> None:
+    """Log one event as a JSON line's `event` and fields (server.configure_json_logging)."""
+    log.log(level, name, extra={"fields": fields})
+
+
+# -- one connection --------------------------------------------------------------------
+
+class _Stop(Exception):
+    """Ends a session's read loop with a reason for the log."""
+
+
+class Session:
+    """One connection of `server`; see the module docstring."""
+
+    # Messages with code of their own (handler method names): the streamed operations,
+    # the two messages that steer a READ, the heartbeat. Every other request is a row
+    # of the server's operation table, answered by _answer.
+    HANDLERS = {MessageType.APPEND: "_on_append", MessageType.READ: "_on_read",
+                MessageType.CREDIT: "_on_credit", MessageType.CANCEL: "_on_cancel",
+                MessageType.PING: "_on_ping"}
+
+    def __init__(self, server: LogServer, reader, writer, number: int, peer: str) -> None:
+        self.server = server
+        self.config = server.config
+        self.reader = reader
+        self.writer = writer
+        self.number = number
+        self.peer = peer
+        self.conn = Connection(Role.SERVER, server.config.frame_bytes_max,
+                               messages=server.operations.messages)
+        self._operations = server.operations.by_type
+        self._handlers = {type_: getattr(self, name) for type_, name in self.HANDLERS.items()}
+        self.tasks: set[asyncio.Task] = set()
+        self.subscriptions: dict[int, _Subscription] = {}
+        self.inflight_bytes = 0
+        self.room = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.closed = False
+        self.requests = 0
+        self._hello_id = 0
+        self._stopping = False
+        self._read_task: asyncio.Task | None = None
+        transport = writer.transport
+        transport.set_write_buffer_limits(high=server.config.send_buffer_bytes)
+
+    async def run(self) -> None:
+        reason = "closed by peer"
+        self._read_task = asyncio.create_task(self._read_loop())
+        try:
+            reason = await self._read_task or reason
+        except asyncio.CancelledError:
+            reason = "daemon draining" if self.server.draining else "cancelled"
+        except RemoteProtocolError as error:
+            reason = f"protocol error: {error}"
+            self._protocol_error(error)
+        except (ConnectionError, OSError) as error:
+            reason = f"connection error: {error}"
+        except _Stop as stop:
+            reason = str(stop)
+        except Exception as error:  # noqa: BLE001 - logged; one client never stops the daemon
+            reason = f"internal error: {error!r}"
+            log.exception("session_failed", extra={"fields": {"peer": self.peer}})
+        try:
+            await self._finish()
+        finally:
+            event(logging.INFO, "connection_closed", peer=self.peer, connection=self.number,
+                  reason=reason, requests=self.requests)
+            self.finished.set()
+
+    def _protocol_error(self, error: RemoteProtocolError) -> None:
+        counter = ("auth_failures" if error.error_code is ErrorCode.UNAUTHENTICATED
+                   else "protocol_errors")
+        self.server.metrics.counters[counter] += 1
+        event(logging.WARNING, "protocol_error", peer=self.peer, connection=self.number,
+              reason=str(error), code=error.error_code.name)
+        self.send(Error(self._hello_id, int(error.error_code), str(error)))
+
+    def stop_reading(self) -> None:
+        self._stopping = True
+        if self._read_task is not None and not self._read_task.done():
+            self._read_task.cancel()
+
+    def abort(self, why: str) -> None:
+        event(logging.WARNING, "connection_aborted", peer=self.peer, reason=why)
+        self.closed = True
+        self.writer.transport.abort()
+
+    async def _finish(self) -> None:
+        """Let requests already read finish and be answered; end reads; close."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+        for subscription in list(self.subscriptions.values()):
+            subscription.end(ErrorCode.SHUTTING_DOWN if self.server.draining else None)
+        if self.subscriptions:
+            await asyncio.wait([s.task for s in self.subscriptions.values()])
+        self.closed = True
+        try:
+            await asyncio.wait_for(self.writer.drain(), 5.0)
+        except (ConnectionError, asyncio.TimeoutError, OSError):
+            pass
+        self.writer.close()
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _read_loop(self) -> str | None:
+        await self._handshake()
+        while True:
+            await self._wait_for_room()
+            data = await self._read(self.config.idle_timeout_s, "idle timeout")
+            for message in self.conn.events(data):
+                if message is CLOSED:
+                    return "closed by peer"
+                self.requests += 1
+                self._dispatch(message)
+
+    async def _read(self, timeout: float, why: str) -> bytes:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+        # arrives as the read completes, and a drain must stop every read loop.
+        try:
+            async with asyncio.timeout(timeout):
+                data = await self.reader.read(READ_CHUNK_BYTES)
+        except TimeoutError:
+            raise _Stop(f"{why} ({timeout:g} s without data)") from None
+        if self._stopping:
+            raise asyncio.CancelledError
+        return data
+
+    async def _handshake(self) -> None:
+        deadline = time.monotonic() + self.config.handshake_timeout_s
+        while True:
+            message = self.conn.next_event()
+            if message is CLOSED:
+                raise _Stop("closed before HELLO")
+            if message is not NEED_DATA:
+                break
+            data = await self._read(max(deadline - time.monotonic(), 0.0), "no HELLO")
+            self.conn.receive_data(data)
+        assert isinstance(message, Hello)
+        if message.version != WIRE_VERSION:
+            self._hello_id = message.request_id
+            raise RemoteProtocolError(f"wire version {message.version} is not supported "
+                                      f"(this daemon speaks {WIRE_VERSION})",
+                                      ErrorCode.UNSUPPORTED_VERSION)
+        if not hmac.compare_digest(message.token, self.config.token):
+            self._hello_id = message.request_id
+            raise RemoteProtocolError("wrong token", ErrorCode.UNAUTHENTICATED)
+        self.send(HelloOk(message.request_id, WIRE_VERSION, self.config.frame_bytes_max,
+                          int(self.config.idle_timeout_s * 1000), "streamlog"))
+        event(logging.INFO, "connection_open", peer=self.peer, connection=self.number,
+              client=message.client[:100])
+
+    async def _wait_for_room(self) -> None:
+        """Back-pressure on a producer: stop reading while too much is in flight, or
+        while what we owe it has not drained into the socket."""
+        while (self.inflight_bytes > self.config.inflight_bytes_max
+               or len(self.tasks) >= self.config.requests_inflight_max):
+            self.room.clear()
+            await self.room.wait()
+        await self.writer.drain()
+
+    # -- requests --------------------------------------------------------------------
+
+    def _dispatch(self, message: Message) -> None:
+        handler = self._handlers.get(message.TYPE)
+        if handler is not None:
+            handler(message)
+        else:
+            self._spawn(self._answer(message, self._operations[message.TYPE]), 0)
+
+    def _on_append(self, message: Append) -> None:
+        self._spawn(self._append(message), len(message.payload))
+
+    def _on_credit(self, message: Credit) -> None:
+        subscription = self.subscriptions.get(message.request_id)
+        if subscription is not None:  # it may have ended already: not an error
+            subscription.add_credit(message.credit_bytes)
+
+    def _on_cancel(self, message: Cancel) -> None:
+        subscription = self.subscriptions.get(message.request_id)
+        if subscription is not None:
+            subscription.end(None)
+
+    def _on_ping(self, message: Ping) -> None:
+        self.send(Pong(message.request_id))
+
+    def _spawn(self, coroutine, nbytes: int) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        self.inflight_bytes += nbytes
+        task.add_done_callback(functools.partial(self._done, nbytes=nbytes))
+
+    def _done(self, task: asyncio.Task, nbytes: int) -> None:
+        self.tasks.discard(task)
+        self.inflight_bytes -= nbytes
+        self.room.set()
+
+    async def _append(self, message: Append) -> None:
+        started = time.perf_counter()
+        try:
+            result = await _append_records(self.server.log, message)
+        except Exception as error:  # noqa: BLE001 - answered with ERROR
+            self._fail(message, error)
+            return
+        metrics = self.server.metrics
+        metrics.append_seconds.observe(time.perf_counter() - started)
+        metrics.counters["append_requests"] += 1
+        metrics.counters["append_records"] += result.records
+        metrics.counters["append_bytes"] += len(message.payload)
+        self.send(Appended(message.request_id, result.records, pack_ranges(result.ranges)))
+
+    async def _answer(self, message: Message, operation: Operation) -> None:
+        """Answer a request/reply operation: its methods' result, encoded by its row."""
+        server = self.server
+        try:
+            if operation.blocking:
+                result = await server.blocking(operation.serve, server.log, message)
+            else:
+                result = operation.serve(server.log, message)
+            reply = operation.answer(message.request_id, result)
+        except Exception as error:  # noqa: BLE001 - answered with ERROR
+            self._fail(message, error)
+            return
+        self.send(reply)
+
+    def _fail(self, message: Message, error: BaseException) -> None:
+        self.server.metrics.counters["request_errors"] += 1
+        if error_code_for(error) is ErrorCode.INTERNAL:
+            log.error("request_failed", exc_info=error,
+                      extra={"fields": {"peer": self.peer, "request": message.TYPE.name}})
+        self.send(error_message(message.request_id, error))
+
+    def _on_read(self, message: Read) -> None:
+        if message.request_id in self.subscriptions:
+            self._fail(message, LocalProtocolError(
+                f"request id {message.request_id} already has a read open",
+                ErrorCode.LIMIT_EXCEEDED))
+        elif len(self.subscriptions) >= self.config.subscriptions_max:
+            self._fail(message, LocalProtocolError(
+                f"at most {self.config.subscriptions_max} reads per connection",
+                ErrorCode.LIMIT_EXCEEDED))
+        else:
+            self.subscriptions[message.request_id] = _Subscription(self, message)
+
+    def send(self, message: Message) -> None:
+        if self.closed or self.writer.transport.is_closing():
+            return
+        if self.conn.state in (ERROR, DONE) and not isinstance(message, Error):
+            return  # the connection failed: replies to requests still running are moot
+        try:
+            parts = self.conn.send_parts(message)
+        except LocalProtocolError as error:
+            log.error("send_refused", extra={"fields": {"peer": self.peer,
+                                                        "reason": str(error)}})
+            return
+        for part in parts:
+            self.writer.write(part)
+
+
+# -- appends ---------------------------------------------------------------------------
+
+async def _append_records(log, message: Append) -> AppendResult:
+    """Append an APPEND's records. The common case (one partition named or implied, no
+    headers, records that fit one frame) is checked with NumPy on the received columns
+    and handed to the partition's writer as one piece: Log.append_batch would check
+    again, record by record, what the columns already prove (half the log's CPU per
+    record). Anything else goes through Log.append_batch, its checks and its errors."""
+    direct = _direct_piece(log, message)
+    if direct is not None:
+        partition, piece = direct
+        first = await partition.submit_async([piece])
+        count = len(piece.values)
+        return AppendResult({partition.number: (first, first + count - 1)}, count)
+    timestamps, keys, values, kinds, headers = columns_to_lists(message.columns)
+    return await log.append_batch(
+        message.stream, values, keys=keys,
+        timestamps_us=timestamps if message.timestamps_given else None,
+        partition=None if message.partition < 0 else message.partition,
+        headers=headers, kinds=kinds, txn_id=message.txn_id)
+
+
+def _direct_piece(log, message: Append):
+    """(partition, Piece) when the records pass the log's checks as columns, else None.
+    The same bounds as Log.append_batch: record_bytes_max per record, a frame's share
+    (frame_bytes_max / 2, batch_records_max) per piece, int64 timestamps above the
+    minimum; kinds were checked when the payload was decoded."""
+    columns, config = message.columns, log.config
+    count = len(columns)
+    if columns.header_lengths is not None or count > config.batch_records_max:
+        return None
+    if message.partition >= 0:
+        number = message.partition
+    elif log.partition_count(message.stream) == 1:
+        number = 0
+    else:
+        return None  # key hash or round robin: the log's choice
+    partition = log.partition(message.stream, number)  # raises as the log would
+    sizes = columns.value_lengths + np.maximum(columns.key_lengths, 0)
+    nbytes = int(sizes.sum()) + _PIECE_RECORD_BYTES * count
+    if int(sizes.max()) > config.record_bytes_max or nbytes > config.frame_bytes_max // 2:
+        return None
+    if message.timestamps_given:
+        if int(columns.timestamps_us.min()) <= _INT64_MIN:
+            return None
+        timestamps = columns.timestamps_us.tolist()
+    else:
+        timestamps = [time.time_ns() // 1000] * count
+    _, keys, values, kinds, _ = columns_to_lists(columns, timestamps=False)
+    if message.txn_id:
+        partition.txns_written_here.add(message.txn_id)
+    return partition, Piece(timestamps, keys, values, kinds, None, nbytes, message.txn_id)
+
+
+_INT64_MIN = -(1 << 63)
+_PIECE_RECORD_BYTES = 24  # what Log._cut counts per record beyond key and value
+
+
+# -- reads and tails -------------------------------------------------------------------
+
+class _Subscription:
+    """One READ: pushes BATCH messages while the client's credit lasts."""
+
+    def __init__(self, session: Session, request: Read) -> None:
+        self.session = session
+        self.request = request
+        self.follow = bool(request.flags & READ_FOLLOW)
+        self.credit = min(request.credit_bytes, session.config.credit_bytes_max)
+        self.credit_event = asyncio.Event()
+        self.reader = None
+        self._pulling: concurrent.futures.Future | None = None
+        self._ended = False
+        self._end_code: ErrorCode | None = None
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def add_credit(self, nbytes: int) -> None:
+        self.credit = min(self.credit + nbytes, self.session.config.credit_bytes_max)
+        self.credit_event.set()
+
+    def end(self, code: ErrorCode | None) -> None:
+        """Stop: READ_END (cancel) or ERROR `code` (shutdown)."""
+        if not self._ended:
+            self._ended, self._end_code = True, code
+            self.task.cancel()
+
+    def lag(self) -> int:
+        reader = self.reader
+        return 0 if reader is None else max(reader.partition.next_offset - reader.next_offset, 0)
+
+    def _open(self):
+        r = self.request
+        start = {Start.OFFSET: "from_offset", Start.TIMESTAMP: "from_timestamp_us"}
+        stop = {Stop.OFFSET: "to_offset", Stop.TIMESTAMP: "to_timestamp_us"}
+        options = {}
+        if r.start in start:
+            options[start[r.start]] = r.start_value
+        if r.stop in stop:
+            options[stop[r.stop]] = r.stop_value
+        return self.session.server.log.reader(
+            r.stream, r.partition, follow=self.follow,
+            data_only=bool(r.flags & READ_DATA_ONLY),
+            read_committed=bool(r.flags & READ_COMMITTED), **options)
+
+    async def _run(self) -> None:
+        session, rid = self.session, self.request.request_id
+        try:
+            self.reader = await session.server.blocking(self._open)
+            session.send(ReadOpened(rid, self.reader.next_offset))
+            await self._stream(self.reader)
+            session.send(ReadEnd(rid, self.reader.next_offset))
+        except asyncio.CancelledError:
+            if self._end_code is not None:
+                session.send(Error(rid, int(self._end_code), "the daemon is shutting down"))
+            elif self._ended:
+                session.send(ReadEnd(rid, self.reader.next_offset if self.reader else 0))
+        except Exception as error:  # noqa: BLE001 - answered with ERROR
+            session._fail(self.request, error)
+        finally:
+            self._release()
+            session.subscriptions.pop(rid, None)
+
+    async def _stream(self, reader) -> None:
+        """Pull batches on the thread pool and send them, one pull ahead: while the loop
+        writes one pull's batches, a pool thread reads and encodes the next (if the
+        credit left after those batches allows it)."""
+        slices = reader.slices()  # (columns, lo, hi) or the WAIT sentinel; see reader.py
+        server = self.session.server
+        while True:
+            while self.credit <= 0:
+                self.credit_event.clear()
+                await self.credit_event.wait()
+            if self._pulling is None:
+                self._pulling = server.submit_blocking(pull_batches, slices,
+                                                       min(self.credit, PULL_BYTES_MAX))
+            batches, status = await asyncio.wrap_future(self._pulling)
+            self._pulling = None
+            left = self.credit - sum(len(batch[4]) for batch in batches)
+            if status is MORE and left > 0:
+                self._pulling = server.submit_blocking(pull_batches, slices,
+                                                       min(left, PULL_BYTES_MAX))
+            await self._send(reader, batches)
+            if status is END:
+                return
+            if status is WAIT:
+                await reader.partition.ring.wait_async(reader.wait_offset())
+                if reader.partition.closed:
+                    raise LogClosed("the log was closed while following it")
+
+    async def _send(self, reader, batches) -> None:
+        session, counters = self.session, self.session.server.metrics.counters
+        rid, number = self.request.request_id, reader.partition.number
+        for base, count, txn_id, flags, payload in batches:
+            session.send(Batch(rid, number, base, txn_id, count, flags, payload))
+            self.credit -= len(payload)
+            counters["read_records"] += count
+            counters["read_bytes"] += len(payload)
+        await session.writer.drain()
+
+    def _release(self) -> None:
+        """Close the reader (releasing its hold against retention) once no pool thread
+        is still advancing it."""
+        reader, pulling = self.reader, self._pulling
+        if reader is None:
+            return
+        if pulling is not None and not pulling.done():
+            pulling.add_done_callback(lambda _: reader.close())
+        else:
+            reader.close()
