@@ -126,6 +126,22 @@ def remove(path: Path) -> None:
 
 # ---------------------------------------------------------------- results
 
+def export(rev: str, into: Path) -> str:
+    """The streamlog package of commit `rev`, unpacked under `into` (`git archive`);
+    returns the folder to put on PYTHONPATH to import it."""
+    import subprocess
+    archive = subprocess.run(["git", "-C", str(BENCH_DIR.parent), "archive", rev, "streamlog"],
+                             check=True, stdout=subprocess.PIPE).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return str(into)
+
+
+def short_rev(rev: str) -> str:
+    import subprocess
+    return subprocess.run(["git", "-C", str(BENCH_DIR.parent), "rev-parse", "--short", rev],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+
+
 def command_line() -> str:
     """The command line that started this process, as typed (interpreter included)."""
     return shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (GiB, dir_bytes, phase, progress, remove, write_results)  # noqa: E402
+from _common import (GiB, dir_bytes, export, phase, progress, remove, short_rev,  # noqa: E402
+                     write_results)
 import core  # noqa: E402  (its writer child builds the logs)
 
 REPEATS = 5
@@ -94,14 +95,6 @@ def measure(work: Path, gib: float, code: str | None, prefix: str, figures: dict
     remove(path)
 
 
-def export(rev: str, into: Path) -> str:
-    """The streamlog package of commit `rev`, unpacked under `into`; returns the path."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "streamlog"],
-                             check=True, stdout=subprocess.PIPE).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return str(into)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,9 +114,7 @@ def main() -> None:
         versions = [("", None)]
         if args.compare:
             versions.append(("before_", export(args.compare, Path(old_code))))
-            figures["before_commit"] = subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "--short", args.compare], check=True,
-                stdout=subprocess.PIPE, text=True).stdout.strip()
+            figures["before_commit"] = short_rev(args.compare)
         for gib in sizes:
             for prefix, code in versions:
                 measure(work, gib, code, prefix, figures)

@@ -1,8 +1,8 @@
 """Driver-side commit: staged rows -> the log, once per micro-batch, per partition.
 
 Strategy: `commit(messages, batchId)` runs in a process on the driver. It opens the log
-for writing (waiting, up to lockTimeoutMs, for another process that holds it), and
-then, for each log partition the batch wrote to, asks `last_commit(stream, p, tag)`,
+for writing (other processes may be writing it too: each commit holds the partition's
+lock only while it writes), and then, for each log partition the batch wrote to, asks `last_commit(stream, p, tag)`,
 the marker of the latest commit made under this query's tag (its id, stable across
 restarts). A marker is the ASCII text `"<batch id> <offset of the commit record>"`.
 
@@ -30,9 +30,9 @@ as they go, so memory stays bounded for a large batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import time
 
 from streamlog import InvalidArgument, RecordKind, StreamLogError
 
@@ -42,33 +42,21 @@ from ._staging import load_runs
 log = logging.getLogger("streamlog.spark")
 
 CHUNK_ROWS = 65536
-_LOCKED = "open for writing by another process"
 START_BATCH = -1
 
 
+@contextlib.contextmanager
 def open_writable(options: SinkOptions, *, create: bool = True):
-    """The log opened for writing, retrying while another process holds its lock.
-
-    Raises:
-        StreamLogError after lockTimeoutMs, naming the log and the option to raise.
-    """
+    """The log opened for writing, beside any other writer process (DESIGN 9). When
+    this process has it open for writing already (a driver that also appends), that
+    Log is used and left open: one Log per log directory and process."""
     import streamlog
-    deadline = time.monotonic() + options.lock_timeout_s
-    pause = 0.02
-    while True:
-        try:
-            return streamlog.open_log(options.path, fsync=options.fsync, create=create)
-        except StreamLogError as error:
-            if _LOCKED not in str(error):
-                raise
-            if time.monotonic() >= deadline:
-                raise StreamLogError(
-                    f"streamlog sink: {options.path} stayed open for writing by another "
-                    f"process for {options.lock_timeout_s:g} s (option lockTimeoutMs); a "
-                    f"log has one writing process at a time: close the other writer, or "
-                    f"let it finish") from None
-            time.sleep(pause)
-            pause = min(pause * 2, 0.5)
+    shared = streamlog.writer_in_this_process(options.path)
+    if shared is not None:
+        yield shared
+        return
+    with streamlog.open_log(options.path, fsync=options.fsync, create=create) as log:
+        yield log
 
 
 def ensure_stream(options: SinkOptions) -> int:

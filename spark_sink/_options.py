@@ -10,8 +10,10 @@
                     exactly-once (see spark_sink/_commit.py)
     fsync           always (default) | interval | never: the log's fsync policy while the
                     driver commits (a daemon keeps its own)
-    lockTimeoutMs   how long a commit waits for another process that holds the log open
-                    for writing (default 60000; unused with a daemon)
+    lockTimeoutMs   accepted for jobs written for earlier versions, and checked, but
+                    without effect: a commit no longer waits for other writers (several
+                    processes may write one log; each commit holds a partition's lock
+                    only while it writes)
     transactionalId the tag of a streaming query's commits (default: the query's id,
                     which is stable across restarts from the same checkpoint)
 """
@@ -37,7 +39,6 @@ class SinkOptions:
     partitions: int | None  # None: not given (1 for a new stream, any for an existing one)
     mode: str
     fsync: str
-    lock_timeout_s: float
     transactional_id: str | None
 
 
@@ -71,7 +72,6 @@ def parse_sink_options(options) -> SinkOptions:
         raise InvalidArgument(f"option 'fsync' must be always, interval or never (got "
                               f"{given['fsync']!r})")
     tag = given.get("transactionalid", "").strip() or None
+    positive_int(given, "lockTimeoutMs", 60000)  # checked; see the docstring
     return SinkOptions(path=path, stream=streams[0], partitions=partitions, mode=mode,
-                       fsync=fsync,
-                       lock_timeout_s=positive_int(given, "lockTimeoutMs", 60000) / 1000,
-                       transactional_id=tag)
+                       fsync=fsync, transactional_id=tag)

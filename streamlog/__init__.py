@@ -14,12 +14,12 @@ from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
                      InvalidAppend, InvalidArgument, LogClosed, LogLocked, OffsetOutOfRange,
                      PartitionFailed, ReadOnlyLog, StreamLogError, UnknownStream)
-from .log import Log, open_log, partition_for_key
+from .log import Log, open_log, partition_for_key, writer_in_this_process
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
 
 __all__ = [
-    "open_log", "Log", "LogAPI", "Reader", "LogConfig", "FsyncPolicy", "Compression",
+    "open_log", "writer_in_this_process", "Log", "LogAPI", "Reader", "LogConfig", "FsyncPolicy", "Compression",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",

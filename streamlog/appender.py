@@ -70,6 +70,21 @@ class Waiter:
 
 
 @dataclasses.dataclass(slots=True)
+class Committed:
+    """What one commit wrote: the partition's new end, the index entries and
+    transaction events to record, and the frames to publish to the live tail."""
+
+    next_offset: int
+    hwm_us: int | None
+    end_position: int  # in the active segment
+    record_count: int
+    entries: list
+    events: list
+    recovery: RecoveryPoint | None  # set when the commit was fsynced
+    published: list  # (Frame, running max before it)
+
+
+@dataclasses.dataclass(slots=True)
 class Pending:
     pieces: list[Piece]
     waiter: Waiter | None
@@ -253,15 +268,31 @@ class Appender:
             self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
-        log.error("partition %s failed: %s", self.partition.name, error)
+        log.error("partition %s failed: %s", self.partition.name,
+                  error if str(error) else type(error).__name__,
+                  exc_info=not isinstance(error, OSError))
         self.failed = error
         with self._cond:
             self._cond.notify_all()
 
     def _commit(self, group: list[Pending]) -> list:
+        """Commit a group under the partition's commit lock (the partition first takes
+        in other processes' appends), hand the partition what was committed, and
+        return the waiters' results."""
         part = self.partition
-        frames, entries, published = [], [], []
-        offset, hwm = part.next_offset, part.hwm_us
+        with part.exclusive():
+            committed, owners = self._write(group, *part.end())
+            part.record(committed)
+        self.stats["frames"] += len(committed.entries)
+        self.stats["records"] += committed.record_count
+        return [(pending.waiter, first, None) for pending, first in owners]
+
+    def _write(self, group: list[Pending], offset: int, hwm) -> tuple["Committed", list]:
+        """Encode the group as frames from `offset` on (the partition's end, with
+        running max `hwm`), write them with one write and fsync under the policy.
+        Returns what was committed and (pending, first offset) of each append."""
+        first_offset = offset
+        frames: list = []
         frame_pieces: list[Piece] = []
         owners, running = [], offset
         for pending in group:
@@ -274,13 +305,11 @@ class Appender:
                 frame_pieces.append(piece)
         if frame_pieces:
             offset, hwm = self._emit(frame_pieces, offset, hwm, frames)
-        total = sum(len(f[0]) for f in frames)
-        part.maybe_roll(total)
-        segment = part.active_segment
-        assert segment.size_bytes == part.active_position
-        position = segment.append(b"".join(f[0] for f in frames))
+        segment, position = self.partition.segment_for_write(sum(len(f[0]) for f in frames))
+        written_at = segment.append(b"".join(f[0] for f in frames))
+        assert written_at == position
         self.stats["writes"] += 1
-        events = []
+        entries, events, published = [], [], []
         for data, base, count, hwm_before, hwm_after, min_ts, max_ts, raw, flags, txn_id, \
                 frame_txn_events in frames:
             events += frame_txn_events
@@ -296,11 +325,8 @@ class Appender:
             recovery = RecoveryPoint(segment.base_offset, position, offset, hwm)
         else:
             self._dirty = True
-        part.index.put(entries, recovery, events)
-        self.stats["frames"] += len(frames)
-        self.stats["records"] += offset - part.next_offset
-        part.advance(offset, hwm, position, published)
-        return [(pending.waiter, first, None) for pending, first in owners]
+        return Committed(offset, hwm, position, offset - first_offset, entries, events,
+                         recovery, published), owners
 
     def write_from_job(self, pieces: list[Piece]) -> int:
         """Append from inside a job already running on the writer thread."""

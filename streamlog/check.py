@@ -12,8 +12,8 @@ same bytes: where an open and `verify` both look, they run the same code.
 first bad frame, moving every cut byte under `LOG/quarantine/` first (nothing is
 deleted), and drops the index, which the next open rebuilds from what is left.
 
-Nothing here writes, except `repair_partition` (under the log's writer lock, taken by
-the caller) and `record_verification` (scrub.json, the partition's last verification).
+Nothing here writes, except `repair_partition` (with the log's writer lock held
+exclusively by the caller: no writer process may be alive) and `record_verification` (scrub.json, the partition's last verification).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import json
 import os
 import time
 
-from . import layout
+from . import layout, maintenance
 from .config import LogConfig
 from .errors import CorruptFrame, CorruptIndex, CorruptionError, InvalidArgument
-from .fileio import OsFileIO, read_file, write_file_atomic
+from .fileio import OsFileIO, write_file_atomic
 from .frame import HEADER_BYTES, INCOMPLETE, Frame, decode_header
 from .index import Index
 from .integrity import IndexClaim, TailKind, Verdict, decide
@@ -37,6 +37,7 @@ from .scan import resync, scan_buffer
 from .scrub import SCRUB_FILE, encode_scrub_status
 from .seal import SealOutcome, check_sealed_segment, remove_seal
 from .segment import Segment
+from .segments import Segments
 from .walk import WalkEnd, continues_after, observe, segment_frames, walk
 
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -126,18 +127,13 @@ def partition_dirs(path: str, stream: str | None = None, partition: int | None =
 
 def _view_intent(directory: str, segments: list, fileio) -> tuple[list, str | None]:
     """An unfinished truncate is seen as finished, as a read-only open sees it."""
-    from .partition import INTENT_NAME, PatchedSegment
-    path = os.path.join(directory, INTENT_NAME)
-    if not os.path.exists(path):
-        return segments, None
     try:
-        intent = json.loads(read_file(fileio, path))
-        keep = [s for s in segments if s.base_offset <= intent["segment_base"]]
-        keep[-1] = PatchedSegment(keep[-1], intent["position"], bytes.fromhex(intent["prefix"]))
-    except (ValueError, KeyError, TypeError, IndexError):
+        intent = maintenance.read_intent(fileio, directory)
+        if intent is None:
+            return segments, None
+        keep = list(maintenance.view_intent(Segments(segments), intent))
+    except (ValueError, KeyError, TypeError):
         return segments, "a truncate intent file is damaged; the next writer removes it"
-    for segment in segments[len(keep):]:
-        segment.close()
     return keep, "a truncate is in progress; the next writer finishes it"
 
 

@@ -55,6 +55,9 @@ class LogConfig:
     # Live tail: the ring of recent acknowledged batches served from memory.
     tail_ring_batches_max: int = 4096
     tail_ring_bytes_max: int = 64 * 1024 * 1024
+    # A follower at the end of a writable log looks this often for what writers in
+    # other processes appended (its own process's appends wake it at once).
+    follow_poll_s: float = 0.1
     # Readers read segments in chunks of this many bytes.
     read_chunk_bytes: int = 8 * 1024 * 1024
     partitions_max: int = 4096
@@ -98,6 +101,9 @@ class LogConfig:
                 not _is_int(self.scrub_bytes_per_s) or self.scrub_bytes_per_s <= 0):
             raise InvalidArgument(f"scrub_bytes_per_s must be a positive integer or None "
                                   f"(got {self.scrub_bytes_per_s!r})")
+        if not _is_number(self.follow_poll_s) or not 0 < self.follow_poll_s <= 60:
+            raise InvalidArgument(f"follow_poll_s must be a number of seconds in (0, 60] "
+                                  f"(got {self.follow_poll_s!r})")
         if not _is_number(self.scrub_interval_s) or self.scrub_interval_s < 0:
             raise InvalidArgument(f"scrub_interval_s must be a number of seconds >= 0 "
                                   f"(got {self.scrub_interval_s!r})")

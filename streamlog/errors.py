@@ -39,7 +39,8 @@ class LogClosed(StreamLogError):
 
 
 class LogLocked(StreamLogError):
-    """Another process has the log open for writing (one writer per log directory)."""
+    """The log is open for writing where that excludes this open: by this process
+    already (share that Log), or by any process when `repair` needs it alone."""
 
 
 class ReadOnlyLog(StreamLogError):

@@ -8,6 +8,7 @@ plain integers (file descriptors for OsFileIO).
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Protocol
 
@@ -27,6 +28,8 @@ class FileIO(Protocol):
     def unlink(self, path: str) -> None: ...
     def fsync_dir(self, path: str) -> None: ...
     def path_of(self, handle: int) -> str: ...
+    def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool: ...
+    def unlock(self, handle: int) -> None: ...
 
 
 class OsFileIO:
@@ -89,6 +92,19 @@ class OsFileIO:
 
     def path_of(self, handle: int) -> str:
         return self._paths[handle]
+
+    def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
+        """flock the file (advisory, per open file, released by close or death).
+        Returns False when `blocking` is off and another holder is in the way."""
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(handle, mode if blocking else mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self, handle: int) -> None:
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_file_atomic(fileio: FileIO, path: str, data: bytes) -> None:

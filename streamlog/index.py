@@ -319,7 +319,10 @@ class Index:
     def _write(self):
         """A write transaction; the first one removes the seal (the file changes)."""
         if self._sealed:
-            os.unlink(self.seal_path)
+            try:
+                os.unlink(self.seal_path)
+            except FileNotFoundError:
+                pass  # another writer process removed it first
             OsFileIO().fsync_dir(os.path.dirname(self.seal_path))
             self._sealed = False
         return self._env.begin(write=True)
@@ -643,6 +646,11 @@ class Index:
                     if self._hidden_from is None or entry.base_offset < self._hidden_from:
                         return entry
         return self._overlay[0] if self._overlay else None
+
+    @_guard
+    def reload_last(self) -> None:
+        """Re-read the last entry (a writer in another process may have added some)."""
+        self.last_entry = self._overlay[-1] if self._overlay else self._last_stored()
 
     def _last_stored(self) -> IndexEntry | None:
         if self._env is None:

@@ -1,7 +1,8 @@
 """Names of files and folders in a log directory. Pure: no I/O.
 
     LOG/streamlog.json                       format marker and version
-    LOG/LOCK                                 held (flock) by the one writing process
+    LOG/LOCK                                 held (flock) shared by every writing process
+    LOG/streams/.lock                        held while a stream is created
     LOG/streams/STREAM/stream.json           {"partitions": P}
     LOG/streams/STREAM/P/00000000000000000000.log   segments, named by base offset
     LOG/streams/STREAM/P/00000000000000000000.seal  whole-file checksum of a rolled segment
@@ -9,6 +10,7 @@
     LOG/streams/STREAM/P/index.seal          the index's checksum, written by a clean close
     LOG/streams/STREAM/P/scrub.json          the partition's last full verification
     LOG/streams/STREAM/P/truncate.intent     a truncate_after in progress
+    LOG/streams/STREAM/P/writer.lock         the commit lock and its change counter
     LOG/quarantine/STREAM/P/TIME/            bytes `streamlog repair` cut
 
 A segment being deleted is first renamed to `.log.deleted`; recovery removes leftovers.

@@ -1,7 +1,8 @@
 """A log directory: named streams, each with P partitions.
 
-Strategy: `open_log` validates options, takes the writer lock (one writing process per
-log), and opens every partition, which runs its recovery. The Log object routes
+Strategy: `open_log` validates options, joins the log's writers (locks.py: several
+processes may write one log, each commit holding its partition's lock) and opens every
+partition, which runs its recovery. The Log object routes
 appends to partitions (by the named partition, a stable hash of the key, or round robin)
 and creates readers. Every public method checks its arguments and raises
 `InvalidArgument` (also a ValueError) with a sentence naming what was wrong.
@@ -12,12 +13,12 @@ once; create_stream, truncate_after, apply_retention and close are serialised by
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import numbers
 import os
 import threading
+import weakref
 
 import xxhash
 
@@ -28,6 +29,7 @@ from .errors import (CorruptIndex, InvalidAppend, InvalidArgument, LogClosed, Lo
                      ReadOnlyLog, StreamLogError, UnknownStream)
 from .clock import SYSTEM_CLOCK
 from .fileio import OsFileIO, read_file, write_file_atomic
+from .locks import WriterRegistry, exclusive_writer
 from .partition import Partition
 from . import txn as txn_module
 from .reader import Reader
@@ -49,15 +51,17 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
 
     Args:
         fsync: "always" | "interval" | "never" (see FsyncPolicy).
-        readonly: open without the writer lock; never modifies a file.
+        readonly: a view: never modifies a file (several processes may write the
+            log; a view follows them with refresh()).
         create: create the directory when missing.
         config: a LogConfig; keyword `options` override its fields.
         progress: called with (partition name, bytes scanned) during recovery.
         clock: where time comes from (streamlog.clock.Clock; the machine's by default).
     Raises:
         InvalidArgument for a bad option, StreamLogError when the directory is not a
-        log or another process holds it for writing, CorruptionError when recovery
-        finds mid-log corruption (writable opens).
+        log, LogLocked when this process has it open for writing already (share that
+        Log: writer_in_this_process), CorruptionError when recovery finds mid-log
+        corruption (writable opens). Other processes may have it open for writing.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgument(f"path must be a str or os.PathLike (got {type(path).__name__})")
@@ -86,12 +90,17 @@ class Log:
         self.fileio = fileio
         self.clock = clock
         self._lock = threading.RLock()
-        self._lock_handle = None
+        self._registry: WriterRegistry | None = None
+        self._settled = False
         self._round_robin: dict[str, int] = {}
         self._streams: dict[str, list[Partition]] = {}
         self.closed = False
         self.scrubber = None
-        self._prepare_directory(create)
+        try:
+            self._prepare_directory(create)
+        except BaseException:
+            self._release_lock()
+            raise
         # An index no clean close sealed is probed in a child process before use by a
         # writer, and by a reader when no writer is alive (one was killed): see index.py.
         # Asked only when an index has no seal (/proc/locks can take milliseconds).
@@ -105,6 +114,9 @@ class Log:
             self._close_partitions()
             self._release_lock()
             raise
+        if self._registry is not None:
+            self._registry.settle()  # other writer processes may come in now
+        self._settled = True
         if not readonly and config.scrub_bytes_per_s is not None:
             self.start_scrubber()
 
@@ -156,13 +168,26 @@ class Log:
             self._take_lock()
 
     def _take_lock(self) -> None:
-        if self._lock_handle is None:
-            self._lock_handle = take_writer_lock(self.path)
+        if self._registry is None:
+            key = _directory_key(self.path)
+            with _OPEN_HERE_LOCK:
+                other = _OPEN_HERE.get(key)
+                if other is not None and not other.closed:
+                    raise LogLocked(f"{self.path} is already open for writing in this "
+                                    f"process: share that Log object")
+                _OPEN_HERE[key] = self
+            self._open_key = key
+            self._registry = WriterRegistry(self.fileio, self.path)
+            # An abandoned Log (its open failed half-way) lets go when it is collected.
+            self._finalizer = weakref.finalize(self, _close_quietly, self._registry)
 
     def _release_lock(self) -> None:
-        if self._lock_handle is not None:
-            self._lock_handle.close()
-            self._lock_handle = None
+        if self._registry is not None:
+            _close_quietly(self._registry)
+            self._registry = None
+        with _OPEN_HERE_LOCK:
+            if _OPEN_HERE.get(getattr(self, "_open_key", None)) is self:
+                del _OPEN_HERE[self._open_key]
 
     def _stream_names(self) -> list[str]:
         directory = layout.streams_dir(self.path)
@@ -183,9 +208,10 @@ class Log:
             partitions.append(self._open_partition(name, number, progress))
 
     def _open_partition(self, name: str, number: int, progress=None) -> Partition:
+        alone = self._registry is not None and self._registry.alone and not self._settled
         return Partition(
             layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
-            self.config, self.fileio, readonly=self.readonly,
+            self.config, self.fileio, readonly=self.readonly, alone=alone,
             probe_unsealed=self._probe_unsealed, clock=self.clock,
             progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
             if progress else None)
@@ -195,8 +221,15 @@ class Log:
         in every partition the frames and segments added and the segments retention
         removed since the open or the last refresh. A partition that was truncated
         meanwhile is reopened (its readers then get OffsetOutOfRange). Far cheaper than
-        reopening the log. A writable log is always current: nothing to do."""
+        reopening the log. A writable log takes in what writers in other processes
+        appended (its own appends are always current)."""
         if not self.readonly:
+            self._check_open()
+            for name in self._stream_names():
+                self._find_stream(name)
+            for partitions in list(self._streams.values()):
+                for part in partitions:
+                    part.poll()
             return
         with self._lock:
             self._check_open()
@@ -231,11 +264,34 @@ class Log:
                 raise ReadOnlyLog("the log was opened read-only")
             directory = layout.stream_dir(self.path, name)
             os.makedirs(directory, exist_ok=True)
-            write_file_atomic(self.fileio, os.path.join(directory, "stream.json"),
-                              json.dumps({"partitions": partitions}).encode())
-            self.fileio.fsync_dir(layout.streams_dir(self.path))
-            self._open_stream(name, None)
+            guard = self.fileio.open(os.path.join(layout.streams_dir(self.path), ".lock"),
+                                     writable=True, create=True)
+            try:  # a writer in another process may be creating it too
+                self.fileio.lock(guard, exclusive=True)
+                if not self._find_stream(name):
+                    write_file_atomic(self.fileio, os.path.join(directory, "stream.json"),
+                                      json.dumps({"partitions": partitions}).encode())
+                    self.fileio.fsync_dir(layout.streams_dir(self.path))
+                    self._open_stream(name, None)
+            finally:
+                self.fileio.close(guard)
+            existing = len(self._streams[name])
+            if existing != partitions:
+                raise InvalidArgument(f"stream {name!r} has {existing} partitions, "
+                                      f"not {partitions}")
             return partitions
+
+    def _find_stream(self, name: str) -> bool:
+        """Is `name` a stream, perhaps one another process created since this one
+        opened the log? Opens it when it is new here."""
+        with self._lock:
+            if name in self._streams:
+                return True
+            if not layout.valid_stream_name(name) or not os.path.exists(
+                    os.path.join(layout.stream_dir(self.path, name), "stream.json")):
+                return False
+            self._open_stream(name, None)
+            return True
 
     def streams(self) -> list[str]:
         return sorted(self._streams)
@@ -248,6 +304,8 @@ class Log:
         try:
             return self._streams[stream]
         except (KeyError, TypeError):
+            if isinstance(stream, str) and self._find_stream(stream):
+                return self._streams[stream]
             raise UnknownStream(f"no stream named {stream!r} in {self.path}") from None
 
     def partition(self, stream: str, partition: int) -> Partition:
@@ -514,7 +572,8 @@ class Log:
                 for p in self._partitions(s) if p.appender is not None}
 
     def close(self) -> None:
-        """Drain queued appends, fsync, release the writer lock. Idempotent."""
+        """Drain queued appends, fsync, leave the log's writers (the last one seals the
+        indexes). Idempotent."""
         with self._lock:
             if self.closed:
                 return
@@ -525,9 +584,19 @@ class Log:
             self._release_lock()
 
     def _close_partitions(self) -> None:
-        for partitions in self._streams.values():
-            for part in partitions:
-                part.close()
+        """Stop every writer thread, then close the files; the indexes are sealed
+        only by the last writer process (WriterRegistry.leave)."""
+        parts = [part for partitions in self._streams.values() for part in partitions]
+        for part in parts:
+            part.stop_writing()
+        last = True
+        if self._registry is not None:
+            try:
+                last = self._registry.leave()
+            except OSError:
+                last = False
+        for part in parts:
+            part.close(seal=last)
 
     async def aclose(self) -> None:
         import asyncio
@@ -546,16 +615,51 @@ class Log:
         await self.aclose()
 
 
+class _Exclusive:
+    def __init__(self, fileio, handle: int) -> None:
+        self.fileio, self.handle = fileio, handle
+
+    def close(self) -> None:
+        self.fileio.close(self.handle)
+
+
 def take_writer_lock(path: str):
-    """Take the log's writer lock (flock on LOG/LOCK); returns the open file, whose
-    close releases it. Raises LogLocked when another process holds it."""
-    handle = open(os.path.join(path, "LOCK"), "a+")
+    """Be the log's only writer (`streamlog repair`): LOG/LOCK held exclusively.
+    Returns an object whose close() lets go. Raises LogLocked when a writer has the
+    log open."""
+    fileio = OsFileIO()
+    return _Exclusive(fileio, exclusive_writer(fileio, path))
+
+
+# (device, inode) -> the Log this process has open for writing there
+_OPEN_HERE: "weakref.WeakValueDictionary[tuple[int, int], Log]" = weakref.WeakValueDictionary()
+_OPEN_HERE_LOCK = threading.Lock()
+
+
+def writer_in_this_process(path) -> "Log | None":
+    """The Log this process has open for writing at directory `path`, if any (a second
+    writable open in the same process is refused: share this one)."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise LogLocked(f"{path} is open for writing by another process") from None
-    return handle
+        key = _directory_key(os.fspath(path))
+    except (OSError, TypeError, ValueError):
+        return None  # no such directory (or a daemon URL)
+    with _OPEN_HERE_LOCK:
+        found = _OPEN_HERE.get(key)
+    return found if found is not None and not found.closed else None
+
+
+def _close_quietly(registry: WriterRegistry) -> None:
+    try:
+        registry.close()
+    except OSError:
+        pass  # the file system is gone (a simulated power loss): nothing is held
+
+
+def _directory_key(path: str) -> tuple[int, int]:
+    """The log directory's identity (device, inode): one writable Log per process (LMDB
+    allows one environment per file per process)."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
 
 
 def writer_alive(path: str) -> bool:

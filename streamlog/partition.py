@@ -13,14 +13,14 @@ States: OPEN, FAILED (a write or fsync failed; appends refused until reopened), 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import contextlib
 import os
 import threading
 
 import numpy as np
 
-from . import fileio as fileio_module
+from . import maintenance
 from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
 from .txn import TxnState
@@ -31,23 +31,26 @@ from . import walk as walk_module
 from .integrity import TailKind
 from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
                      ReadOnlyLog)
-from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header, encode_frame
+from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
-from .payload import Columns, decode_columns, encode_payload, running_max
+from .payload import Columns, decode_columns, running_max
 from .recovery import RecoveryReport, recover
 from .segment import Segment
+from .segments import Segments
 from .tail import TailRing
+from .locks import PartitionLock
 
-INTENT_NAME = "truncate.intent"
 log = logging.getLogger("streamlog.partition")
 
 
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
                  fileio, *, readonly: bool, progress=None, probe_unsealed=lambda: True,
-                 clock=SYSTEM_CLOCK) -> None:
+                 clock=SYSTEM_CLOCK, alone: bool = True) -> None:
+        """`alone`: no other process has the log open for writing (then a transaction
+        left open is a crashed writer's orphan, and is aborted)."""
         self.directory = directory
         self.name = name
         self.number = number
@@ -62,43 +65,70 @@ class Partition:
         self._holds: dict[int, int] = {}
         self.truncations: list[int] = []  # new end offsets, one per truncate_after
         self._holds_lock = threading.Lock()
+        self._exclusive_depth = 0
         if not readonly:
             fileio.makedirs(directory)
-            self._clean_leftovers()
         self._index_problem: str | None = None
         self.index = self._open_index()
-        self.segments: list[Segment] = self._open_segments()
+        self.segments = Segments()
         self.report = RecoveryReport()
         self.next_offset, self.hwm_us, self.active_position = 0, None, 0
         self._end_number = 0
         # Read-only: (offset, CorruptSegment) where acknowledged data is damaged; a
         # reader that reaches the offset raises the error.
         self.damage: tuple[int, object] | None = None
+        self.lock = PartitionLock(fileio, directory, writable=not readonly)
         try:
-            if not readonly:
-                self._finish_intent()
-            else:
-                self._view_intent()
-            if self.segments:
-                self._recover(progress)
+            self.lock.acquire(exclusive=not readonly)  # no other process mid-commit
+            try:
+                if not readonly:
+                    self.lock.bump()
+                self._load(progress)
+                self.lock.settle()
+            finally:
+                self.lock.release()
         except BaseException:
             self._close_files()
             raise
-        self.start_offset = self.segments[0].base_offset if self.segments else 0
-        # Running max of the records retention removed (None when none were removed).
-        stored = self.index.get_meta("start_hwm")
-        self.start_hwm_us = int(stored) if stored and self.start_offset > 0 else None
         self.ring = TailRing(batches_max=config.tail_ring_batches_max,
                              bytes_max=config.tail_ring_bytes_max)
         self.ring.end_offset = self.next_offset
         self.appender = None if readonly else Appender(self, config)
-        if not readonly:
+        if not readonly and alone:
             self._abort_orphans()
+
+    def _load(self, progress=None) -> None:
+        """Take the partition in from its files: finish (or, read-only, show as
+        finished) an interrupted truncate, open the segments, recover."""
+        if not self.readonly:
+            self._clean_leftovers()
+        try:  # the index was opened before the lock: a writer may have added to it since
+            self.index.reload_last()
+        except CorruptIndex:
+            pass  # recovery finds out, and rebuilds it
+        self.segments = self._open_segments()
+        if not self.readonly:
+            self._finish_intent()
+        else:
+            self._view_intent()
+        if self.segments:
+            self._recover(progress)
+        self.start_offset = self.segments[0].base_offset if self.segments else 0
+        # Running max of the records retention removed (None when none were removed).
+        self._load_start_hwm()
+
+    def _load_start_hwm(self) -> None:
+        try:
+            stored = self.index.get_meta("start_hwm")
+        except CorruptIndex:
+            stored = None
+        self.start_hwm_us = int(stored) if stored and self.start_offset > 0 else None
 
     def _recover(self, progress) -> None:
         """Run recovery; an index that fails even while being rebuilt is recreated."""
+        segments = list(self.segments)  # a writer's recovery may remove later ones
         try:
-            state, self.report = recover(self.segments, self.index, writable=not self.readonly,
+            state, self.report = recover(segments, self.index, writable=not self.readonly,
                                          chunk_bytes=self.config.read_chunk_bytes,
                                          progress=progress)
         except CorruptIndex as error:
@@ -106,9 +136,10 @@ class Partition:
             log.warning("%s: rebuilding it from the segments", error)
             self.index.close()
             self.index = self._fresh_index()
-            state, self.report = recover(self.segments, self.index, writable=not self.readonly,
+            state, self.report = recover(segments, self.index, writable=not self.readonly,
                                          chunk_bytes=self.config.read_chunk_bytes,
                                          progress=progress)
+        self.segments = Segments(segments)
         if self._index_problem is not None:
             self.report.rebuilt_index = True
             self.report.index_problem = self.report.index_problem or self._index_problem
@@ -240,7 +271,7 @@ class Partition:
             os.unlink(path + ".seal")
         return Index(path, readonly=False, map_bytes=self.config.index_map_bytes)
 
-    def _open_segments(self) -> list[Segment]:
+    def _open_segments(self) -> Segments:
         names = self.fileio.listdir(self.directory) if self.fileio.exists(self.directory) else []
         bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
         segments = [Segment(self.fileio, self.directory, base, writable=not self.readonly,
@@ -250,13 +281,13 @@ class Partition:
             segments = [Segment(self.fileio, self.directory, 0, writable=True, create=True,
                                 clock=self.clock)]
             self.fileio.fsync_dir(self.directory)
-        return segments
+        return Segments(segments)
 
     # -- writer-thread callbacks ----------------------------------------------------
 
     @property
     def active_segment(self) -> Segment:
-        return self.segments[-1]
+        return self.segments.active
 
     def maybe_roll(self, incoming_bytes: int) -> None:
         segment = self.active_segment
@@ -272,7 +303,7 @@ class Partition:
         new = Segment(self.fileio, self.directory, self.next_offset, writable=True, create=True,
                       clock=self.clock)
         self.fileio.fsync_dir(self.directory)
-        self.segments = self.segments + [new]
+        self.segments = self.segments.rolled(new)
         self.active_position = 0
         self.index.set_recovery_point(self._point())
 
@@ -280,23 +311,131 @@ class Partition:
         return RecoveryPoint(self.active_segment.base_offset, self.active_position,
                              self.next_offset, NO_HWM if self.hwm_us is None else self.hwm_us)
 
-    def advance(self, next_offset: int, hwm_us: int, position: int, published) -> None:
-        """Writer thread, after a group is durable under the policy: make it visible."""
-        assert next_offset > self.next_offset
+    def end(self) -> tuple[int, int | None]:
+        """Writer thread: (next offset, running max timestamp) to append after."""
+        return self.next_offset, self.hwm_us
+
+    def segment_for_write(self, nbytes: int) -> tuple[Segment, int]:
+        """Writer thread: the segment `nbytes` of frames go to (rolled when full or
+        old) and the position they start at."""
+        self.maybe_roll(nbytes)
+        segment = self.active_segment
+        assert segment.size_bytes == self.active_position
+        return segment, self.active_position
+
+    def record(self, committed) -> None:
+        """Writer thread, after a commit is durable under the policy: index it, then
+        make it visible (persist, then forward)."""
+        assert committed.next_offset > self.next_offset
+        self.index.put(committed.entries, committed.recovery, committed.events)
         batches = [(frame.base_offset, decode_columns(frame), hwm_before)
-                   for frame, hwm_before in published]
-        self.hwm_us, self.active_position = hwm_us, position
-        self.next_offset = next_offset
-        self.ring.publish(batches, next_offset)
+                   for frame, hwm_before in committed.published]
+        self.hwm_us, self.active_position = committed.hwm_us, committed.end_position
+        self.next_offset = committed.next_offset
+        self.ring.publish(batches, committed.next_offset)
 
     def sync_active(self) -> None:
-        self.active_segment.fsync()
-        self.index.set_recovery_point(self._point())
+        with self.exclusive():
+            self.active_segment.fsync()
+            self.index.set_recovery_point(self._point())
 
     def writer_close(self) -> None:
         if self.segments:
             self.sync_active()
         self.index.sync()
+
+    # -- several writer processes (locks.py) ----------------------------------------
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Writer thread: hold the commit lock, having first taken in what writers in
+        other processes did since this one last held it. Re-entrant (a job appends)."""
+        if self._exclusive_depth:
+            self._exclusive_depth += 1
+            try:
+                yield
+            finally:
+                self._exclusive_depth -= 1
+            return
+        changed = self.lock.acquire()
+        self._exclusive_depth = 1
+        try:
+            self.lock.bump()
+            if changed:
+                self._catch_up()
+            yield
+        finally:
+            self._exclusive_depth = 0
+            self.lock.release()
+
+    def poll(self) -> bool:
+        """Take in what other processes appended, now (a follower in this process calls
+        it while it waits at the end). Returns True when the end moved."""
+        if self.readonly or self.closed:
+            return False
+        before = self.next_offset
+        try:
+            self.run_job(self._poll_job)
+        except (LogClosed, ReadOnlyLog):
+            return False
+        return self.next_offset != before
+
+    def _poll_job(self) -> None:
+        changed = self.lock.acquire()
+        try:
+            if changed:
+                self._catch_up()
+                self.lock.settle()
+        finally:
+            self.lock.release()
+
+    def _catch_up(self) -> None:
+        """Writer, under the commit lock: take in the frames and segments other
+        processes added, the segments their retention removed, and cut what a writer
+        killed mid-commit left half-written (recovery.catch_up). Anything else (a
+        truncate) and the partition is taken in again as an open would."""
+        names = set(self.fileio.listdir(self.directory))
+        ours, active = self.segments, self.segments.active
+        present = Segments(s for s in ours if os.path.basename(s.path) in names)
+        gone = len(ours) - len(present)
+        if maintenance.INTENT_NAME in names or present != ours[gone:] or active not in present or (
+                self.fileio.size(active.handle) < self.active_position):
+            self._reload()
+            return
+        active.adopt_size()
+        newer = sorted(b for b in map(parse_segment_name, names)
+                       if b is not None and b > active.base_offset)
+        for segment in ours[:gone]:
+            segment.close()
+        segments = [*present, *(Segment(self.fileio, self.directory, base, writable=True,
+                                        clock=self.clock) for base in newer)]
+        self.index.reload_last()
+        start = RecoveryPoint(active.base_offset, self.active_position, self.next_offset,
+                              NO_HWM if self.hwm_us is None else self.hwm_us)
+        state, _ = recovery_module.catch_up(segments, self.index, start=start,
+                                            chunk_bytes=self.config.read_chunk_bytes)
+        self.segments = Segments(segments)  # catch_up may have removed a torn new one
+        if state.end_segment != len(segments) - 1:
+            self._reload()  # not a shape a crash mid-commit leaves: read it all again
+            return
+        segments[-1].unseal()  # a writer killed between sealing and rolling
+        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
+        self.active_position = state.end_position
+        if gone:
+            self.start_offset = segments[0].base_offset
+            self._load_start_hwm()
+        self.ring.reset(self.next_offset)
+
+    def _reload(self) -> None:
+        """Another process truncated the partition (or was killed doing it): take it
+        in again from its files, as an open does."""
+        before = self.next_offset
+        for segment in self.segments:
+            segment.close()
+        self._load()
+        if self.next_offset < before:
+            self.truncations.append(self.next_offset)
+        self.ring.reset(self.next_offset)
 
     # -- appends --------------------------------------------------------------------
 
@@ -445,7 +584,7 @@ class Partition:
 
     def read_batch(self, entry: IndexEntry) -> Columns:
         """The columns of the batch an index entry names (checked against its frame)."""
-        segment = next((s for s in self.segments if s.base_offset == entry.segment_base), None)
+        segment = self.segments.by_base(entry.segment_base)
         if segment is not None:  # the common case: one read of exactly the frame
             try:
                 frame = decode_frame(segment.read(entry.position, entry.frame_bytes), 0)
@@ -463,17 +602,9 @@ class Partition:
             return decode_columns(frame)
         raise OffsetOutOfRange(f"batch at offset {entry.base_offset} is gone")
 
-    def _segment_for(self, base_offset: int) -> Segment:
-        for segment in self.segments:
-            if segment.base_offset == base_offset:
-                return segment
-        raise OffsetOutOfRange(f"segment {base_offset} of {self.name} is gone")
-
     def segment_holding(self, offset: int) -> Segment:
         """The segment whose records include `offset`, by the file names alone."""
-        segments = self.segments
-        holding = [s for s in segments if s.base_offset <= offset]
-        return holding[-1] if holding else segments[0]
+        return self.segments.holding(offset)
 
     def locate(self, offset: int) -> tuple[Segment, int, int]:
         """(segment, position, base offset) of a frame at or before `offset` to read
@@ -482,8 +613,7 @@ class Partition:
         its start (segments are named by their base offset)."""
         entry = self._entry_for(offset)
         if entry is not None:
-            segment = next((s for s in self.segments if s.base_offset == entry.segment_base),
-                           None)
+            segment = self.segments.by_base(entry.segment_base)
             if segment is not None and _header_base(segment, entry.position) == (
                     entry.base_offset):
                 return segment, entry.position, entry.base_offset
@@ -524,15 +654,15 @@ class Partition:
             position = end.position
 
     def _next_segment(self, segment: Segment, expect: int) -> tuple[Segment, int]:
-        following = [s for s in self.segments if s.base_offset > segment.base_offset]
-        if not following:
+        following = self.segments.after(segment)
+        if following is None:
             raise _corrupt_read(segment, segment.size_bytes,
                                 f"the segment ends before offset {expect}, which the "
                                 f"log acknowledged")
-        if following[0].base_offset != expect:
-            raise _corrupt_read(following[0], 0, f"segment starts at offset "
-                                f"{following[0].base_offset}, expected {expect}")
-        return following[0], 0
+        if following.base_offset != expect:
+            raise _corrupt_read(following, 0, f"segment starts at offset "
+                                f"{following.base_offset}, expected {expect}")
+        return following, 0
 
     # -- holds (retention never removes an offset a reader holds) -------------------
 
@@ -556,7 +686,11 @@ class Partition:
         finishes the job if a crash interrupts it. Returns the new end offset."""
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgument("offset must be an int")
-        return self.run_job(lambda: self._truncate_job(offset + 1))
+        return self.run_job(lambda: self._exclusive_job(self._truncate_job, offset + 1))
+
+    def _exclusive_job(self, job, *args):
+        with self.exclusive():
+            return job(*args)
 
     def _truncate_job(self, new_end: int) -> int:
         if new_end >= self.next_offset:
@@ -567,14 +701,8 @@ class Partition:
         self.active_segment.fsync()
         entry = self.index.lookup_offset(new_end)
         assert entry is not None
-        assert entry.base_offset <= new_end < entry.next_offset
-        keep = new_end - entry.base_offset
-        prefix = self._prefix_frame(entry, keep) if keep else b""
-        intent = {"new_end": new_end, "segment_base": entry.segment_base,
-                  "position": entry.position, "drop_from": entry.base_offset,
-                  "prefix": prefix.hex()}
-        fileio_module.write_file_atomic(self.fileio, os.path.join(self.directory, INTENT_NAME),
-                                        json.dumps(intent).encode())
+        intent = maintenance.truncate_intent(entry, new_end, self.read_batch(entry))
+        maintenance.write_intent(self.fileio, self.directory, intent)
         self._apply_intent(intent)
         self.truncations.append(self.next_offset)
         self.ring.reset(self.next_offset)
@@ -589,61 +717,14 @@ class Partition:
         self.index.sync()  # the index runs without sync; make this change stick
         return self.next_offset
 
-    def _prefix_frame(self, entry: IndexEntry, keep: int) -> bytes:
-        columns = self.read_batch(entry)
-        assert 0 < keep < len(columns)
-        from .payload import columns_to_records
-        records = list(columns_to_records(columns, self.number, 0, keep, data_only=False))
-        timestamps = [r.timestamp_us for r in records]
-        raw, flags = encode_payload(timestamps, [r.key for r in records],
-                                    [r.value for r in records], [int(r.kind) for r in records],
-                                    [r.headers for r in records])
-        return encode_frame(base_offset=entry.base_offset, record_count=keep,
-                            min_timestamp_us=min(timestamps), max_timestamp_us=max(timestamps),
-                            txn_id=columns.txn_id, flags=flags, raw_bytes=len(raw), payload=raw)
-
     def _apply_intent(self, intent: dict) -> None:
-        """Idempotent: drop later segments, cut at the intent's position, write its
-        prefix frame, reconcile the index, then remove the intent file."""
-        segment_base, position = intent["segment_base"], intent["position"]
-        prefix = bytes.fromhex(intent["prefix"])
-        keep = [s for s in self.segments if s.base_offset <= segment_base]
-        for segment in reversed([s for s in self.segments if s.base_offset > segment_base]):
-            segment.unseal()
-            segment.close()
-            self.fileio.unlink(segment.path)
-        segment = keep[-1]
-        assert segment.base_offset == segment_base
-        segment.truncate_to(min(position, segment.size_bytes))
-        if prefix:
-            segment.append(prefix)
-        segment.fsync()
-        self.fileio.fsync_dir(self.directory)
-        self.segments = keep
-        last = self.index.last_entry
-        if last is None and intent["drop_from"] > keep[0].base_offset or (
-                last is not None and last.next_offset < intent["drop_from"]):
-            self.index.clear()  # it does not reach the cut: recovery rebuilds it
-        else:
-            self.index.drop_from(intent["drop_from"])
-            self._reindex_tail(segment, position)
-        self.index.sync()  # before the intent goes: a surviving intent covers the index
-        self.fileio.unlink(os.path.join(self.directory, INTENT_NAME))
-        self.fileio.fsync_dir(self.directory)
-
-    def _reindex_tail(self, segment: Segment, position: int) -> None:
-        assert segment is self.segments[-1]
-        previous = self.index.last_entry
-        recovery_module.index_from(
-            self.segments, self.index, number=len(self.segments) - 1, position=position,
-            next_offset=previous.next_offset if previous is not None else segment.base_offset,
-            hwm_us=previous.hwm_after_us if previous is not None else None,
-            chunk_bytes=self.config.read_chunk_bytes)
-        last = self.index.last_entry
-        self.next_offset = last.next_offset if last is not None else segment.base_offset
-        self.hwm_us = last.hwm_after_us if last is not None else None
-        self.active_position = segment.size_bytes
-        self.index.set_recovery_point(self._point())
+        cut = maintenance.apply_intent(self.fileio, self.directory, self.segments, self.index,
+                                       intent, self.config.read_chunk_bytes)
+        self.segments = cut.segments
+        if cut.next_offset is not None:  # else recovery rebuilds the index and the end
+            self.next_offset, self.hwm_us = cut.next_offset, cut.hwm_us
+            self.active_position = self.segments.active.size_bytes
+            self.index.set_recovery_point(self._point())
 
     # -- a read-only view that follows a writer in another process ------------------
 
@@ -653,14 +734,23 @@ class Partition:
         removed. Returns False when the view cannot follow (a truncate happened or is
         under way, or the files changed under it): the caller reopens the partition."""
         assert self.readonly
-        if not self.segments or self.fileio.exists(os.path.join(self.directory, INTENT_NAME)):
+        self.lock.acquire(exclusive=False)  # no commit half done while this looks
+        try:
+            return self._refresh_locked()
+        finally:
+            self.lock.release()
+
+    def _refresh_locked(self) -> bool:
+        if self.lock.handle is None and self.fileio.exists(self.lock.path):
+            return False  # a writer came since the open: reopen (and take its lock)
+        if not self.segments or self.fileio.exists(os.path.join(self.directory, maintenance.INTENT_NAME)):
             return False
         names = set(self.fileio.listdir(self.directory))
         end_segment = self.segments[self._end_number]
-        present = [s for s in self.segments if os.path.basename(s.path) in names]
+        present = Segments(s for s in self.segments if os.path.basename(s.path) in names)
         gone = len(self.segments) - len(present)
         if present != self.segments[gone:] or end_segment not in present or isinstance(
-                end_segment, PatchedSegment):
+                end_segment, maintenance.PatchedSegment):
             return False  # not retention (which removes the oldest only): reopen
         for segment in present[present.index(end_segment):]:
             segment.size_bytes = self.fileio.size(segment.handle)
@@ -670,8 +760,9 @@ class Partition:
                        if b is not None and b > present[-1].base_offset)
         for segment in self.segments[:gone]:
             segment.close()
-        self.segments = present + [Segment(self.fileio, self.directory, base, writable=False,
-                                           clock=self.clock) for base in newer]
+        self.segments = Segments((*present, *(Segment(self.fileio, self.directory, base,
+                                                      writable=False, clock=self.clock)
+                                              for base in newer)))
         self._end_number = self.segments.index(end_segment)
         self.start_offset = self.segments[0].base_offset
         self._follow_tail()
@@ -692,109 +783,57 @@ class Partition:
         self.ring.reset(self.next_offset)  # this view's readers read the new frames from disk
 
     def _view_intent(self) -> None:
-        """Read-only: show an unfinished truncate as finished, without touching a file:
-        later segments are left out, and the cut segment is seen through a patch that
-        ends with the intent's prefix frame."""
-        path = os.path.join(self.directory, INTENT_NAME)
-        if not self.fileio.exists(path):
-            return
-        intent = json.loads(fileio_module.read_file(self.fileio, path))
-        keep = [s for s in self.segments if s.base_offset <= intent["segment_base"]]
-        for segment in self.segments[len(keep):]:
-            segment.close()
-        keep[-1] = PatchedSegment(keep[-1], intent["position"],
-                                  bytes.fromhex(intent["prefix"]))
-        self.segments = keep
-        self.index.drop_from(intent["drop_from"])
+        """Read-only: show an unfinished truncate as finished (maintenance.view_intent)."""
+        intent = maintenance.read_intent(self.fileio, self.directory)
+        if intent is not None:
+            self.segments = maintenance.view_intent(self.segments, intent)
+            self.index.drop_from(intent["drop_from"])
 
     def _finish_intent(self) -> None:
-        path = os.path.join(self.directory, INTENT_NAME)
-        if self.fileio.exists(path):
-            intent = json.loads(fileio_module.read_file(self.fileio, path))
+        intent = maintenance.read_intent(self.fileio, self.directory)
+        if intent is not None:
             self._apply_intent(intent)
 
     def apply_retention(self, now_us: int) -> list[str]:
         """Delete whole sealed segments past the age or size bound; never one holding an
         offset a reader holds. Returns the deleted paths."""
-        return self.run_job(lambda: self._retention_job(now_us))
+        return self.run_job(lambda: self._exclusive_job(self._retention_job, now_us))
 
     def _retention_job(self, now_us: int) -> list[str]:
-        config, deleted = self.config, []
-        hold = self.min_hold()
-        total = sum(s.size_bytes for s in self.segments)
-        while len(self.segments) > 1:
-            oldest, following = self.segments[0], self.segments[1]
-            if hold is not None and following.base_offset > hold:
-                break
-            last = self.index.lookup_offset(following.base_offset - 1)
-            if last is not None and last.next_offset != following.base_offset:
-                last = None  # the index does not cover it; judge by size only
-            too_old = (config.retention_age_s is not None and last is not None and
-                       last.hwm_after_us < now_us - config.retention_age_s * 1e6)
-            too_big = config.retention_bytes is not None and total > config.retention_bytes
-            if not (too_old or too_big):
-                break
-            doomed = oldest.path + ".deleted"
-            oldest.unseal()
-            self.fileio.rename(oldest.path, doomed)
-            self.fileio.fsync_dir(self.directory)
-            self.segments = self.segments[1:]
-            self.start_offset = following.base_offset
-            if last is not None:
-                self.start_hwm_us = last.hwm_after_us
-                self.index.set_meta("start_hwm", str(last.hwm_after_us).encode())
-            self.index.drop_before(following.base_offset)
-            oldest.close()
-            self.fileio.unlink(doomed)
-            total -= oldest.size_bytes
-            deleted.append(oldest.path)
-        if deleted:
-            self.index.sync()
-        return deleted
+        retained = maintenance.apply_retention(
+            self.fileio, self.directory, self.segments, self.index,
+            retention_age_s=self.config.retention_age_s,
+            retention_bytes=self.config.retention_bytes, hold=self.min_hold(), now_us=now_us)
+        self.segments = retained.segments
+        self.start_offset = self.segments.start_offset
+        if retained.start_hwm_us is not None:
+            self.start_hwm_us = retained.start_hwm_us
+        return retained.deleted
 
     # -- closing --------------------------------------------------------------------
 
-    def close(self) -> None:
-        if self.closed:
-            return
+    def stop_writing(self) -> None:
+        """Drain the queued appends, fsync, stop the writer thread. Idempotent."""
         if self.appender is not None:
             self.appender.close()
+
+    def close(self, *, seal: bool = True) -> None:
+        """`seal`: this was the log's last writer process (the index is sealed)."""
+        if self.closed:
+            return
+        self.stop_writing()
         self.closed = True
         self.ring.close()
-        self._close_files(clean=True)
+        self._close_files(clean=seal)
 
     def _close_files(self, *, clean: bool = False) -> None:
         for segment in self.segments:
             segment.close()
         self.index.close(seal=clean and not self.readonly)
+        self.lock.close()
 
     def size_bytes(self) -> int:
-        return sum(s.size_bytes for s in self.segments)
-
-
-class PatchedSegment:
-    """A read-only view of a segment whose bytes from `position` on are `tail`."""
-
-    def __init__(self, segment: Segment, position: int, tail: bytes) -> None:
-        self.segment = segment
-        self.base_offset = segment.base_offset
-        self.path = segment.path
-        self.position = min(position, segment.size_bytes)
-        self.tail = tail
-        self.size_bytes = self.position + len(tail)
-        self.created_monotonic = segment.created_monotonic
-        self.closed = False
-
-    def read(self, position: int, size: int) -> bytes:
-        head = b""
-        if position < self.position:
-            head = self.segment.read(position, min(size, self.position - position))
-        start = max(position - self.position, 0)
-        return head + self.tail[start:start + size - len(head)]
-
-    def close(self) -> None:
-        self.closed = True
-        self.segment.close()
+        return self.segments.size_bytes()
 
 
 def _header_base(segment, position: int) -> int | None:

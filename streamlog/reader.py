@@ -107,7 +107,7 @@ class Reader:
     def slices(self):
         """The raw loop for servers that ship columns as they are: yields (columns, lo,
         hi) row ranges, or the WAIT sentinel when following at the end (then await
-        `partition.ring.wait_async(reader.wait_offset())`)."""
+        `reader.wait_async()`)."""
         return self._slices()
 
     def wait_offset(self) -> int:
@@ -116,21 +116,40 @@ class Reader:
     def _wait_offset(self) -> int:
         return self.next_offset if self._blocked_at is None else self._blocked_at
 
+    def wait(self) -> None:
+        """Following at the end: wait until there may be more (a batch published by
+        this process's writer, or, polled, one appended by another process)."""
+        partition = self.partition
+        poll_s = partition.config.follow_poll_s
+        if not partition.ring.wait(self._wait_offset(), timeout=poll_s):
+            partition.poll()
+        if partition.closed:
+            raise LogClosed("the log was closed while following it")
+
+    async def wait_async(self) -> None:
+        """`wait` for an event loop."""
+        import asyncio
+        partition = self.partition
+        try:
+            await asyncio.wait_for(partition.ring.wait_async(self._wait_offset()),
+                                   partition.config.follow_poll_s)
+        except asyncio.TimeoutError:
+            if not partition.readonly:
+                await asyncio.to_thread(partition.poll)
+        if partition.closed:
+            raise LogClosed("the log was closed while following it")
+
     def _slices_sync(self):
         for item in self._slices():
             if item is _WAIT:
-                self.partition.ring.wait(self._wait_offset(), timeout=1.0)
-                if self.partition.closed:
-                    raise LogClosed("the log was closed while following it")
+                self.wait()
                 continue
             yield item
 
     async def _slices_async(self):
         for item in self._slices():
             if item is _WAIT:
-                await self.partition.ring.wait_async(self._wait_offset())
-                if self.partition.closed:
-                    raise LogClosed("the log was closed while following it")
+                await self.wait_async()
                 continue
             yield item
 

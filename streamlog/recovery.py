@@ -138,21 +138,52 @@ def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
     if claim.kind is IndexClaim.ABSENT:
         index.verified = True  # every entry came from the segments just now
         report.rebuilt_index = report.frames_indexed > 0
+    _judge(segments, index, claim, report, state, end, writable, chunk_bytes)
+    if writable:  # an empty partition gets one too: entries without a point are doubted
+        last = segments[state.end_segment]
+        point = RecoveryPoint(last.base_offset, state.end_position, state.next_offset,
+                              index.last_entry.hwm_after_us if index.last_entry is not None
+                              else NO_HWM)
+        if point != claim.point:  # a clean open changes nothing (the index stays sealed)
+            last.fsync()
+            index.set_recovery_point(point)
+    report.seconds = time.monotonic() - started
+    return state, report
+
+
+def catch_up(segments: list, index: Index, *, start: RecoveryPoint,
+             chunk_bytes: int) -> tuple[ScanState, RecoveryReport]:
+    """A writer, holding the partition's commit lock, takes in what writers in other
+    processes appended after its own end `start` (a point it wrote or walked itself, so
+    it is confirmed). Their frames are indexed already; frames a writer killed after
+    writing left unindexed are indexed here. How the walk ends is judged by the same
+    table as an open: a torn or stale tail (a writer killed mid-write: nobody else can
+    be writing now) is cut; damage raises CorruptSegment."""
+    report = RecoveryReport()
+    number = next(n for n, s in enumerate(segments) if s.base_offset == start.segment_base)
+    indexed = index.last_entry.next_offset if index.last_entry is not None else 0
+    state, end = index_from(segments, index, number=number, position=start.position,
+                            next_offset=start.next_offset,
+                            hwm_us=None if start.hwm_us == NO_HWM else start.hwm_us,
+                            chunk_bytes=chunk_bytes, indexed_to=indexed)
+    if end.kind is TailKind.END:
+        state.end_segment, state.end_position = end.number, end.position
+    if indexed > state.next_offset:
+        index.drop_from(state.next_offset)  # entries for frames the walk did not find
+    _judge(segments, index, Claim(IndexClaim.CONFIRMED, start), report, state, end, True,
+           chunk_bytes)
+    return state, report
+
+
+def _judge(segments, index: Index, claim: Claim, report: RecoveryReport, state: ScanState,
+           end: WalkEnd, writable: bool, chunk_bytes: int) -> None:
+    """Classify how the walk ended (integrity.decide) and carry out the action."""
     durable = (claim.point.segment_base, claim.point.position) if claim.point else None
     continues = continues_after(segments, end, chunk_bytes)
     observation = observe(claim.kind, end, continues=continues, durable_until=durable,
                           segments=segments)
     report.verdict = decide(observation)
     _act(segments, index, report, state, end, writable)
-    if writable and index.last_entry is not None:
-        last = segments[state.end_segment]
-        point = RecoveryPoint(last.base_offset, state.end_position, state.next_offset,
-                              index.last_entry.hwm_after_us)
-        if point != claim.point:  # a clean open changes nothing (the index stays sealed)
-            last.fsync()
-            index.set_recovery_point(point)
-    report.seconds = time.monotonic() - started
-    return state, report
 
 
 def _walk_tail(segments, index: Index, claim: Claim, report: RecoveryReport,
@@ -189,19 +220,23 @@ def _walk_tail(segments, index: Index, claim: Claim, report: RecoveryReport,
 
 
 def index_from(segments, index: Index, *, number: int, position: int, next_offset: int,
-               hwm_us: int | None, chunk_bytes: int, on_run=None) -> tuple[ScanState, WalkEnd]:
+               hwm_us: int | None, chunk_bytes: int, on_run=None,
+               indexed_to: int = 0) -> tuple[ScanState, WalkEnd]:
     """Walk from (segments[number], position) and index every valid, continuing frame
-    (its entry, with the running max timestamp, and its transaction events). Returns
-    where the indexed frames end and where the walk stopped. Used by recovery, by
-    truncate_after's re-index of the cut segment and by a read-only view's refresh."""
+    (its entry, with the running max timestamp, and its transaction events) from offset
+    `indexed_to` on. Returns where the valid frames end and where the walk stopped. Used
+    by recovery, by truncate_after's re-index of the cut segment, by a writer catching
+    up with other processes and by a read-only view's refresh."""
     state = ScanState(next_offset, hwm_us, number, position)
 
     def index_frames(segment_number: int, frames) -> None:
         entries, events = [], []
         for frame in frames:
-            events += txn_events(frame)
             state.hwm_us = frame.max_timestamp_us if state.hwm_us is None else max(
                 state.hwm_us, frame.max_timestamp_us)
+            if frame.base_offset < indexed_to:
+                continue
+            events += txn_events(frame)
             entries.append(IndexEntry(frame.base_offset, segments[segment_number].base_offset,
                                       frame.position, frame.record_count, frame.size,
                                       frame.min_timestamp_us, frame.max_timestamp_us,

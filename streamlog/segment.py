@@ -41,6 +41,13 @@ class Segment:
             self.digest.update(data)
         return position
 
+    def adopt_size(self) -> None:
+        """A writer in another process appended to this file: take its size. The
+        running digest no longer covers the file (the seal then hashes it)."""
+        size = self.fileio.size(self.handle)
+        if size != self.size_bytes:
+            self.size_bytes, self.digest = size, None
+
     def read(self, position: int, size: int) -> bytes:
         assert position >= 0
         return self.fileio.pread(self.handle, size, position)

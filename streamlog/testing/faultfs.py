@@ -363,6 +363,15 @@ class FaultFileIO:
     def path_of(self, handle: int) -> str:
         return self._inner.path_of(handle)
 
+    def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
+        """Locks are not state a power loss keeps: passed through."""
+        self._check_alive()
+        return self._inner.lock(handle, exclusive=exclusive, blocking=blocking)
+
+    def unlock(self, handle: int) -> None:
+        """Allowed after a crash too (a dead process's locks go with it)."""
+        self._inner.unlock(handle)
+
     # -- bookkeeping ----------------------------------------------------------------
 
     def _check_alive(self) -> None:

@@ -394,7 +394,8 @@ class RemoteReader:
 
     # I/O thread ---------------------------------------------------------------------
 
-    def _deliver(self, message: Message) -> None:
+    def deliver(self, message: Message) -> None:
+        """The link hands over a message for this subscription."""
         opened = self._opened
         if isinstance(message, ReadOpened):
             if opened is not None and not opened.done():
@@ -405,9 +406,9 @@ class RemoteReader:
             self._link.subscriptions.pop(message.request_id, None)
             self._inbox.put(message)
         elif isinstance(message, Error):
-            self._deliver_failure(exception_for(message.code, message.message))
+            self.deliver_failure(exception_for(message.code, message.message))
 
-    def _deliver_failure(self, error: BaseException) -> None:
+    def deliver_failure(self, error: BaseException) -> None:
         self._link.subscriptions.pop(self._request_id, None)
         opened = self._opened
         if opened is not None and not opened.done():

@@ -212,7 +212,7 @@ class Link:
     def _route(self, message: Message) -> None:
         reader = self.subscriptions.get(message.request_id)
         if reader is not None:
-            reader._deliver(message)
+            reader.deliver(message)
             return
         future = self.pending.pop(message.request_id, None)
         if future is None:
@@ -234,7 +234,7 @@ class Link:
             if not future.done():
                 future.set_exception(error)
         for reader in list(self.subscriptions.values()):
-            reader._deliver_failure(error)
+            reader.deliver_failure(error)
         self.subscriptions.clear()
 
     async def _heartbeat(self, interval_s: float) -> None:

@@ -449,9 +449,7 @@ class _Subscription:
             if status is END:
                 return
             if status is WAIT:
-                await reader.partition.ring.wait_async(reader.wait_offset())
-                if reader.partition.closed:
-                    raise LogClosed("the log was closed while following it")
+                await reader.wait_async()  # raises LogClosed when the log closes
 
     async def _send(self, reader, batches) -> None:
         session, counters = self.session, self.session.server.metrics.counters

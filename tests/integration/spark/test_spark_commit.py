@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pyarrow as pa
@@ -141,16 +140,29 @@ def test_truncate_mode_first_batch_leftovers_are_cut(tmp_path):
     assert visible(tmp_path / "log", read_committed=False) == sorted(values)
 
 
-def test_commit_waits_for_another_writer(tmp_path):
-    options = sink(tmp_path / "log", lockTimeoutMs="20000")
+def test_commit_goes_on_while_another_process_writes_the_log(tmp_path):
+    """DESIGN 9: the driver's commit does not wait for another writer process to
+    close the log; both appends land, each under its own offsets."""
+    options = sink(tmp_path / "log")
     path = stage(options, 0, batch_values(0))
-    holder = streamlog.open_log(tmp_path / "log")
-    releaser = threading.Timer(0.5, holder.close)
-    releaser.start()
-    started = time.monotonic()
-    assert set(commit_streaming(options, [path], 0, TAG).values()) == {"committed"}
-    assert time.monotonic() - started >= 0.4
-    releaser.join()
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, streamlog\n"
+        "log = streamlog.open_log(sys.argv[1])\n"
+        "log.append_sync('out', b'theirs', partition=0)\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(120)\n"), str(tmp_path / "log"), str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert set(commit_streaming(options, [path], 0, TAG).values()) == {"committed"}
+        assert holder.poll() is None  # it was open for writing all along
+    finally:
+        holder.kill()
+        holder.wait()
+    assert visible(tmp_path / "log") == sorted(batch_values(0) + [b"theirs"])
 
 
 def test_foreign_marker_under_our_tag_is_an_error(tmp_path):

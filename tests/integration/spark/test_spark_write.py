@@ -128,18 +128,20 @@ def test_partition_count_must_match_an_existing_stream(spark, tmp_path):
     assert "has 2 partitions, not 3" in str(excinfo.value)
 
 
-def test_commit_waits_for_the_writer_lock_then_fails_clearly(spark, tmp_path):
+def test_a_commit_shares_the_log_this_process_has_open(spark, tmp_path):
+    """The driver holds the log open for writing itself: the commit uses that Log
+    (one per directory and process) and leaves it open."""
     path = tmp_path / "log"
     frame = spark.createDataFrame([("v",)], "value string")
     save(frame, path)  # creates the log and the stream
-    with streamlog.open_log(path):  # this process now holds the writer lock
-        with pytest.raises(Exception) as excinfo:
-            save(frame, path, lockTimeoutMs="300")
-        assert "stayed open for writing by another process" in str(excinfo.value)
-        assert "lockTimeoutMs" in str(excinfo.value)
-    save(frame, path)
-    assert [r.value for r in records(path)[0]] == [b"v", b"v"]
-    assert not list((path / "staging").iterdir())  # the failed write's staging is gone
+    with streamlog.open_log(path) as log:
+        log.append_sync("out", b"mine", partition=0)
+        save(frame, path, lockTimeoutMs="300")
+        assert not log.closed
+        log.append_sync("out", b"mine again", partition=0)
+    assert sorted(r.value for p in records(path).values() for r in p) == [
+        b"mine", b"mine again", b"v", b"v"]
+    assert not list((path / "staging").iterdir())
 
 
 def test_headers_column_from_spark_types(spark, tmp_path):

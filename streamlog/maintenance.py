@@ -1,0 +1,213 @@
+"""Changing a partition's past: truncate_after (through an intent file) and retention.
+
+Strategy: these functions do the file work and return the new segment set (and what
+else changed); the partition (partition.py), which owns its state, runs them on its
+writer thread under the commit lock and takes in what they return. Nothing here holds
+state of its own.
+
+truncate_after is crash-safe through an intent file, written atomically before any
+byte is cut: {"new_end", "segment_base", "position" (where the cut frame starts),
+"drop_from" (its base offset), "prefix" (hex of a frame holding the records of the cut
+frame that stay, or "")}. Applying it is idempotent: drop the later segments, cut the
+segment at the position, write the prefix frame, reconcile the index, remove the
+intent. An open that finds the file finishes the job (a writer) or shows the log as if
+it were finished, without touching a file (a read-only view, `view_intent`, and the
+checks in check.py).
+
+Retention deletes whole segments from the oldest on, while the log is over its size
+bound or a segment's records are all older than the age bound, never the active
+segment and never one holding an offset a reader holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from . import fileio as fileio_module
+from . import recovery as recovery_module
+from .frame import encode_frame
+from .index import Index, IndexEntry
+from .payload import Columns, columns_to_records, encode_payload
+from .segments import Segments
+
+INTENT_NAME = "truncate.intent"
+
+
+# -- truncate_after ---------------------------------------------------------------------
+
+def truncate_intent(entry: IndexEntry, new_end: int, columns: Columns) -> dict:
+    """The intent of cutting the partition at `new_end`, inside the batch `entry` names
+    (whose `columns` are given)."""
+    assert entry.base_offset <= new_end < entry.next_offset
+    keep = new_end - entry.base_offset
+    prefix = _prefix_frame(entry, keep, columns) if keep else b""
+    return {"new_end": new_end, "segment_base": entry.segment_base,
+            "position": entry.position, "drop_from": entry.base_offset,
+            "prefix": prefix.hex()}
+
+
+def _prefix_frame(entry: IndexEntry, keep: int, columns: Columns) -> bytes:
+    """A frame with the first `keep` records of a batch (the part a cut keeps)."""
+    assert 0 < keep < len(columns)
+    records = list(columns_to_records(columns, 0, 0, keep, data_only=False))
+    timestamps = [r.timestamp_us for r in records]
+    raw, flags = encode_payload(timestamps, [r.key for r in records],
+                                [r.value for r in records], [int(r.kind) for r in records],
+                                [r.headers for r in records])
+    return encode_frame(base_offset=entry.base_offset, record_count=keep,
+                        min_timestamp_us=min(timestamps), max_timestamp_us=max(timestamps),
+                        txn_id=columns.txn_id, flags=flags, raw_bytes=len(raw), payload=raw)
+
+
+def write_intent(fileio, directory: str, intent: dict) -> None:
+    fileio_module.write_file_atomic(fileio, os.path.join(directory, INTENT_NAME),
+                                    json.dumps(intent).encode())
+
+
+def read_intent(fileio, directory: str) -> dict | None:
+    """The intent of a truncate under way, or None. Raises ValueError when the file is
+    damaged."""
+    path = os.path.join(directory, INTENT_NAME)
+    if not fileio.exists(path):
+        return None
+    intent = json.loads(fileio_module.read_file(fileio, path))
+    if not isinstance(intent, dict) or not {"segment_base", "position", "drop_from",
+                                            "prefix"} <= intent.keys():
+        raise ValueError(f"{path} is not a truncate intent")
+    return intent
+
+
+@dataclasses.dataclass
+class Cut:
+    """What applying an intent left: the segments, and the end when the index reached
+    the cut (None: the index was cleared and recovery must rebuild it)."""
+
+    segments: Segments
+    next_offset: int | None
+    hwm_us: int | None
+
+
+def apply_intent(fileio, directory: str, segments: Segments, index: Index, intent: dict,
+                 chunk_bytes: int) -> Cut:
+    """Carry out a truncate intent (idempotent; see the module docstring)."""
+    segment_base, position = intent["segment_base"], intent["position"]
+    prefix = bytes.fromhex(intent["prefix"])
+    keep = segments.through(segment_base)
+    for segment in reversed(segments[len(keep):]):
+        segment.unseal()
+        segment.close()
+        fileio.unlink(segment.path)
+    segment = keep.active
+    assert segment.base_offset == segment_base
+    segment.truncate_to(min(position, segment.size_bytes))
+    if prefix:
+        segment.append(prefix)
+    segment.fsync()
+    fileio.fsync_dir(directory)
+    cut = Cut(keep, None, None)
+    last = index.last_entry
+    if last is None and intent["drop_from"] > keep[0].base_offset or (
+            last is not None and last.next_offset < intent["drop_from"]):
+        index.clear()  # it does not reach the cut: recovery rebuilds it
+    else:
+        index.drop_from(intent["drop_from"])
+        previous = index.last_entry
+        state, _ = recovery_module.index_from(
+            keep, index, number=len(keep) - 1, position=position,
+            next_offset=previous.next_offset if previous is not None else segment.base_offset,
+            hwm_us=previous.hwm_after_us if previous is not None else None,
+            chunk_bytes=chunk_bytes)
+        cut.next_offset, cut.hwm_us = state.next_offset, state.hwm_us
+    index.sync()  # before the intent goes: a surviving intent covers the index
+    fileio.unlink(os.path.join(directory, INTENT_NAME))
+    fileio.fsync_dir(directory)
+    return cut
+
+
+def view_intent(segments: Segments, intent: dict) -> Segments:
+    """Read-only: the segments as they will be once the intent is carried out, without
+    touching a file: later segments are left out (and closed), and the cut segment is
+    seen through a patch that ends with the intent's prefix frame."""
+    keep = segments.through(intent["segment_base"])
+    if not keep:
+        raise ValueError("the truncate intent names a segment that is not there")
+    for segment in segments[len(keep):]:
+        segment.close()
+    return Segments((*keep[:-1], PatchedSegment(keep.active, intent["position"],
+                                                bytes.fromhex(intent["prefix"]))))
+
+
+class PatchedSegment:
+    """A read-only view of a segment whose bytes from `position` on are `tail`."""
+
+    def __init__(self, segment, position: int, tail: bytes) -> None:
+        self.segment = segment
+        self.base_offset = segment.base_offset
+        self.path = segment.path
+        self.position = min(position, segment.size_bytes)
+        self.tail = tail
+        self.size_bytes = self.position + len(tail)
+        self.created_monotonic = segment.created_monotonic
+        self.closed = False
+
+    def read(self, position: int, size: int) -> bytes:
+        head = b""
+        if position < self.position:
+            head = self.segment.read(position, min(size, self.position - position))
+        start = max(position - self.position, 0)
+        return head + self.tail[start:start + size - len(head)]
+
+    def close(self) -> None:
+        self.closed = True
+        self.segment.close()
+
+
+# -- retention --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Retained:
+    """What retention left: the segments, the paths it deleted, and the running max
+    timestamp of the records it removed (None when the index could not say)."""
+
+    segments: Segments
+    deleted: list[str]
+    start_hwm_us: int | None
+
+
+def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
+                    retention_age_s: float | None, retention_bytes: int | None,
+                    hold: int | None, now_us: int) -> Retained:
+    """Delete segments from the oldest on while over a bound (see the module docstring).
+    `hold`: the lowest offset a reader holds (None: no reader)."""
+    result = Retained(segments, [], None)
+    total = segments.size_bytes()
+    while len(result.segments) > 1:
+        oldest, following = result.segments[0], result.segments[1]
+        if hold is not None and following.base_offset > hold:
+            break
+        last = index.lookup_offset(following.base_offset - 1)
+        if last is not None and last.next_offset != following.base_offset:
+            last = None  # the index does not cover it; judge by size only
+        too_old = (retention_age_s is not None and last is not None and
+                   last.hwm_after_us < now_us - retention_age_s * 1e6)
+        too_big = retention_bytes is not None and total > retention_bytes
+        if not (too_old or too_big):
+            break
+        doomed = oldest.path + ".deleted"
+        oldest.unseal()
+        fileio.rename(oldest.path, doomed)
+        fileio.fsync_dir(directory)
+        result.segments = result.segments[1:]
+        if last is not None:
+            result.start_hwm_us = last.hwm_after_us
+            index.set_meta("start_hwm", str(last.hwm_after_us).encode())
+        index.drop_before(following.base_offset)
+        oldest.close()
+        fileio.unlink(doomed)
+        total -= oldest.size_bytes
+        result.deleted.append(oldest.path)
+    if result.deleted:
+        index.sync()
+    return result
