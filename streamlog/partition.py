@@ -18,8 +18,6 @@ import contextlib
 import os
 import threading
 
-import numpy as np
-
 from . import maintenance
 from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
@@ -27,19 +25,17 @@ from .txn import TxnState
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
-from . import walk as walk_module
-from .integrity import TailKind
-from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
+from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
                      ReadOnlyLog)
-from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
-from .payload import Columns, decode_columns, running_max
+from .payload import Columns, decode_columns
 from .recovery import RecoveryReport, recover
 from .segment import Segment
 from .segments import Segments
 from .tail import TailRing
+from .view import Snapshot, View
 from .locks import PartitionLock
 
 log = logging.getLogger("streamlog.partition")
@@ -70,9 +66,9 @@ class Partition:
             fileio.makedirs(directory)
         self._index_problem: str | None = None
         self.index = self._open_index()
-        self.segments = Segments()
+        self._snapshot = Snapshot(0, 0, None, None, Segments())
         self.report = RecoveryReport()
-        self.next_offset, self.hwm_us, self.active_position = 0, None, 0
+        self.active_position = 0
         self._end_number = 0
         # Read-only: (offset, CorruptSegment) where acknowledged data is damaged; a
         # reader that reaches the offset raises the error.
@@ -106,14 +102,14 @@ class Partition:
             self.index.reload_last()
         except CorruptIndex:
             pass  # recovery finds out, and rebuilds it
-        self.segments = self._open_segments()
+        self._publish(segments=self._open_segments())
         if not self.readonly:
             self._finish_intent()
         else:
             self._view_intent()
         if self.segments:
             self._recover(progress)
-        self.start_offset = self.segments[0].base_offset if self.segments else 0
+        self._publish(start_offset=self.segments.start_offset)
         # Running max of the records retention removed (None when none were removed).
         self._load_start_hwm()
 
@@ -122,7 +118,7 @@ class Partition:
             stored = self.index.get_meta("start_hwm")
         except CorruptIndex:
             stored = None
-        self.start_hwm_us = int(stored) if stored and self.start_offset > 0 else None
+        self._publish(start_hwm_us=int(stored) if stored and self.start_offset > 0 else None)
 
     def _recover(self, progress) -> None:
         """Run recovery; an index that fails even while being rebuilt is recreated."""
@@ -139,23 +135,14 @@ class Partition:
             state, self.report = recover(segments, self.index, writable=not self.readonly,
                                          chunk_bytes=self.config.read_chunk_bytes,
                                          progress=progress)
-        self.segments = Segments(segments)
         if self._index_problem is not None:
             self.report.rebuilt_index = True
             self.report.index_problem = self.report.index_problem or self._index_problem
-        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
+        self._publish(segments=Segments(segments), end_offset=state.next_offset,
+                      hwm_us=state.hwm_us)
         self.active_position = state.end_position
         self._end_number = state.end_segment  # the segment the view's end is in
         self.damage = state.damage
-
-    def open_txn_candidates(self) -> dict[int, int]:
-        """{txn_id: first offset} of the transactions the index says are open (from the
-        segments when it cannot say). Confirm each with derive_txn before acting."""
-        try:
-            return self.index.open_txns()
-        except CorruptIndex as error:  # cannot list them: find them in the segments
-            log.warning("%s: looking for open transactions in the segments", error)
-            return self._open_txns_from_segments()
 
     def _abort_orphans(self) -> None:
         """Abort transactions that a crashed writer left open (DESIGN 6). The index only
@@ -172,70 +159,6 @@ class Partition:
     def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
         return Piece([self.clock.wall_us()], [None], [value], [int(kind)], None,
                      len(value) + 24, txn_id)
-
-    def txn_state(self, txn_id: int, seen_at: int | None = None):
-        """TxnState of a transaction, or None when it has no data here. `seen_at` is
-        the offset of one of its data records when the caller saw one (a reader): a
-        transaction the index does not know then cannot be unknown, and its state is
-        derived from the markers in the segments. So it is when the index could not be
-        verified at open (no seal): an unknown id then costs a walk of the partition."""
-        try:
-            found = self.index.txn_state(txn_id)
-        except CorruptIndex as error:  # its cached state is damaged: walk the partition
-            log.warning("%s: deriving transaction %#x from the segments", error, txn_id)
-            found, seen_at = None, self.start_offset if seen_at is None else seen_at
-        if found is None and seen_at is None and not self.index.verified:
-            seen_at = self.start_offset  # a damaged page may have lost it: look
-        if found is None and seen_at is not None:
-            found = self.derive_txn(txn_id, seen_at)
-        return None if found is None else TxnState(found[0])
-
-    def txn_first_offset(self, txn_id: int) -> int:
-        """Where a transaction's data starts, by the index (the partition's start when
-        the index cannot say): where derive_txn must look from."""
-        try:
-            found = self.index.txn_state(txn_id)
-        except CorruptIndex:
-            found = None
-        return max(found[1], self.start_offset) if found is not None else self.start_offset
-
-    def derive_txn(self, txn_id: int, first: int) -> tuple[int, int, int] | None:
-        """(state, first, marker offset) of a transaction from the segments: scan from
-        `first` to the acknowledged end for its commit or abort marker. None when no
-        record of it is found there."""
-        seen = None
-        for frame in self.disk_frames(first):
-            if frame.txn_id != txn_id:
-                continue
-            if seen is None:
-                seen = frame.base_offset
-            if frame.has_control:
-                for _, state, offset, _, _ in recovery_module.txn_events(frame)[1:]:
-                    return (int(state), seen, offset)
-        return None if seen is None else (int(TxnState.OPEN), seen, 0)
-
-    def _open_txns_from_segments(self) -> dict[int, int]:
-        """{txn_id: first offset} of transactions with data and no marker, from a walk
-        of every frame (only when the index cannot say)."""
-        found: dict[int, int] = {}
-        for frame in self.disk_frames(self.start_offset):
-            if frame.txn_id == 0:
-                continue
-            for txn_id, state, offset, _, _ in recovery_module.txn_events(frame):
-                if state == TxnState.OPEN:
-                    found.setdefault(txn_id, offset)
-                else:
-                    found.pop(txn_id, None)
-        return found
-
-    def last_stable_offset(self) -> int:
-        """First offset of the oldest open transaction, or the end."""
-        try:
-            firsts = self.index.open_txns().values()
-        except CorruptIndex as error:
-            log.warning("%s: looking for open transactions in the segments", error)
-            firsts = self._open_txns_from_segments().values()
-        return min(firsts, default=self.next_offset)
 
     # -- opening --------------------------------------------------------------------
 
@@ -303,7 +226,7 @@ class Partition:
         new = Segment(self.fileio, self.directory, self.next_offset, writable=True, create=True,
                       clock=self.clock)
         self.fileio.fsync_dir(self.directory)
-        self.segments = self.segments.rolled(new)
+        self._publish(segments=self.segments.rolled(new))
         self.active_position = 0
         self.index.set_recovery_point(self._point())
 
@@ -330,8 +253,8 @@ class Partition:
         self.index.put(committed.entries, committed.recovery, committed.events)
         batches = [(frame.base_offset, decode_columns(frame), hwm_before)
                    for frame, hwm_before in committed.published]
-        self.hwm_us, self.active_position = committed.hwm_us, committed.end_position
-        self.next_offset = committed.next_offset
+        self.active_position = committed.end_position
+        self._publish(end_offset=committed.next_offset, hwm_us=committed.hwm_us)
         self.ring.publish(batches, committed.next_offset)
 
     def sync_active(self) -> None:
@@ -414,15 +337,15 @@ class Partition:
                               NO_HWM if self.hwm_us is None else self.hwm_us)
         state, _ = recovery_module.catch_up(segments, self.index, start=start,
                                             chunk_bytes=self.config.read_chunk_bytes)
-        self.segments = Segments(segments)  # catch_up may have removed a torn new one
+        # catch_up may have removed a torn new segment from `segments`
+        self._publish(segments=Segments(segments), start_offset=segments[0].base_offset,
+                      end_offset=state.next_offset, hwm_us=state.hwm_us)
         if state.end_segment != len(segments) - 1:
             self._reload()  # not a shape a crash mid-commit leaves: read it all again
             return
         segments[-1].unseal()  # a writer killed between sealing and rolling
-        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
         self.active_position = state.end_position
         if gone:
-            self.start_offset = segments[0].base_offset
             self._load_start_hwm()
         self.ring.reset(self.next_offset)
 
@@ -466,203 +389,75 @@ class Partition:
         self.appender.submit(Pending([], waiter, 0, job))
         return waiter.wait()
 
-    # -- reads ----------------------------------------------------------------------
+    # -- reads: a View of the latest snapshot (view.py) ------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The partition as readers see it now: an immutable value."""
+        return self._snapshot
+
+    def _publish(self, **changes) -> None:
+        """Writer (or a view's refresh): replace the snapshot, in one assignment."""
+        self._snapshot = dataclasses.replace(self._snapshot, **changes)
+
+    @property
+    def next_offset(self) -> int:
+        return self._snapshot.end_offset
+
+    @property
+    def start_offset(self) -> int:
+        return self._snapshot.start_offset
+
+    @property
+    def hwm_us(self) -> int | None:
+        return self._snapshot.hwm_us
+
+    @property
+    def start_hwm_us(self) -> int | None:
+        return self._snapshot.start_hwm_us
+
+    @property
+    def segments(self) -> Segments:
+        return self._snapshot.segments
+
+    def view(self) -> View:
+        return View(self._snapshot, self.index, self.name, self.config.read_chunk_bytes)
 
     def check_offset(self, offset: int) -> None:
-        if offset < self.start_offset:
-            raise OffsetOutOfRange(f"offset {offset} of {self.name} is no longer in the log "
-                                   f"(retention or truncation); it starts at {self.start_offset}")
-        if offset > self.next_offset:
-            raise OffsetOutOfRange(f"offset {offset} of {self.name} is past its end "
-                                   f"({self.next_offset})")
-
-    def hwm_before(self, entry: IndexEntry) -> int | None:
-        """Running max timestamp of the records before `entry`'s batch."""
-        if entry.base_offset <= self.start_offset:
-            return self.start_hwm_us
-        previous = self._entry_for(entry.base_offset - 1)
-        if previous is not None:
-            return previous.hwm_after_us
-        return self._scan_hwm(entry.base_offset)
+        self.view().check_offset(offset)
 
     def hwm_before_offset(self, base_offset: int) -> int | None:
-        """Running max timestamp of the records before the batch at `base_offset`."""
-        entry = self._entry_for(base_offset)
-        if entry is not None and entry.base_offset == base_offset:
-            return self.hwm_before(entry)
-        if base_offset <= self.start_offset:
-            return self.start_hwm_us
-        return self._scan_hwm(base_offset)
+        return self.view().hwm_before_offset(base_offset)
 
     def batch_holding(self, offset: int) -> tuple[IndexEntry, Columns]:
-        """The batch that holds `offset` (an acknowledged one) and its columns: by the
-        index when its entry checks out, else by walking the segment that holds it.
-        Raises OffsetOutOfRange outside [start_offset, next_offset)."""
-        if not self.start_offset <= offset < self.next_offset:
-            raise OffsetOutOfRange(f"offset {offset} of {self.name} is not in "
-                                   f"[{self.start_offset}, {self.next_offset})")
-        entry = self._entry_for(offset)
-        if entry is not None:
-            return entry, self.read_batch(entry)
-        for frame in self.disk_frames(offset):
-            if frame.next_offset > offset:
-                segment = self.segment_holding(frame.base_offset)
-                entry = IndexEntry(frame.base_offset, segment.base_offset, frame.position,
-                                   frame.record_count, frame.size, frame.min_timestamp_us,
-                                   frame.max_timestamp_us, NO_HWM)
-                return entry, decode_columns(frame)
-        raise OffsetOutOfRange(f"offset {offset} of {self.name} is gone")
-
-    def _entry_for(self, offset: int) -> IndexEntry | None:
-        """The index entry of the batch holding `offset`, when the index has it and it
-        is sound; None otherwise (the caller falls back to the segments)."""
-        try:
-            entry = self.index.lookup_offset(offset)
-        except CorruptIndex as error:
-            log.warning("%s: using the segments instead", error)
-            return None
-        if entry is None or not entry.base_offset <= offset < entry.next_offset:
-            return None
-        return entry
-
-    def _scan_hwm(self, offset: int) -> int | None:
-        """Running max timestamp before `offset`, from the frame headers (only when the
-        index cannot say: it reads the partition from its start)."""
-        hwm = self.start_hwm_us
-        for frame in self.disk_frames(self.start_offset):
-            if frame.base_offset >= offset:
-                break
-            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
-        return hwm
+        return self.view().batch_holding(offset)
 
     def offset_for_timestamp(self, timestamp_us: int) -> int:
-        """First offset whose high-water mark is >= timestamp_us; the end if none."""
-        if self.start_hwm_us is not None and timestamp_us <= self.start_hwm_us:
-            return self.start_offset  # retention removed the records that reached it
-        entry = self._time_entry(timestamp_us)
-        if entry is None:
-            return self.next_offset
-        columns = self.read_batch(entry)
-        prior = self.hwm_before(entry)
-        hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
-        at = int(np.searchsorted(hwm, timestamp_us, side="left"))
-        assert at < len(hwm)  # this batch reaches timestamp_us (checked by _time_entry)
-        return max(entry.base_offset + at, self.start_offset)
-
-    def _time_entry(self, timestamp_us: int) -> IndexEntry | None:
-        """The first batch whose running max reaches `timestamp_us`, or None. The time
-        index's answer is checked (it reaches it, the batch before does not); when it
-        cannot be confirmed the frame headers are walked instead."""
-        try:
-            entry = self.index.lookup_time(timestamp_us)
-        except CorruptIndex as error:
-            log.warning("%s: using the segments instead", error)
-            return self._scan_time_entry(timestamp_us)
-        if entry is None or entry.base_offset >= self.next_offset:
-            # No acknowledged batch reaches it: believed when the last one agrees.
-            last = (self._entry_for(self.next_offset - 1)
-                    if self.next_offset > self.start_offset else None)
-            if last is not None and last.hwm_after_us < timestamp_us:
-                return None
-            return self._scan_time_entry(timestamp_us)
-        before = self.hwm_before(entry)
-        if entry.hwm_after_us < timestamp_us or entry.next_offset > self.next_offset or (
-                before is not None and before >= timestamp_us):
-            return self._scan_time_entry(timestamp_us)
-        return entry
-
-    def _scan_time_entry(self, timestamp_us: int) -> IndexEntry | None:
-        hwm = self.start_hwm_us
-        for frame in self.disk_frames(self.start_offset):
-            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
-            if hwm >= timestamp_us:
-                segment = self.segment_holding(frame.base_offset)
-                return IndexEntry(frame.base_offset, segment.base_offset, frame.position,
-                                  frame.record_count, frame.size, frame.min_timestamp_us,
-                                  frame.max_timestamp_us, hwm)
-        return None
+        return self.view().offset_for_timestamp(timestamp_us)
 
     def read_batch(self, entry: IndexEntry) -> Columns:
-        """The columns of the batch an index entry names (checked against its frame)."""
-        segment = self.segments.by_base(entry.segment_base)
-        if segment is not None:  # the common case: one read of exactly the frame
-            try:
-                frame = decode_frame(segment.read(entry.position, entry.frame_bytes), 0)
-            except CorruptFrame:
-                frame = None
-            if frame is not None and frame is not INCOMPLETE and (
-                    frame.base_offset, frame.record_count) == (entry.base_offset,
-                                                               entry.record_count):
-                return decode_columns(dataclasses.replace(frame, position=entry.position))
-        for frame in self.disk_frames(entry.base_offset):  # else walk to it (and judge)
-            if frame.next_offset <= entry.base_offset:
-                continue  # read from an earlier frame (the index could not place it)
-            if frame.base_offset != entry.base_offset:
-                break
-            return decode_columns(frame)
-        raise OffsetOutOfRange(f"batch at offset {entry.base_offset} is gone")
+        return self.view().read_batch(entry)
 
     def segment_holding(self, offset: int) -> Segment:
-        """The segment whose records include `offset`, by the file names alone."""
-        return self.segments.holding(offset)
-
-    def locate(self, offset: int) -> tuple[Segment, int, int]:
-        """(segment, position, base offset) of a frame at or before `offset` to read
-        from. The index's entry is used only when the frame header at its position has
-        the base offset it claims; otherwise the segment holding `offset` is read from
-        its start (segments are named by their base offset)."""
-        entry = self._entry_for(offset)
-        if entry is not None:
-            segment = self.segments.by_base(entry.segment_base)
-            if segment is not None and _header_base(segment, entry.position) == (
-                    entry.base_offset):
-                return segment, entry.position, entry.base_offset
-            log.warning("index entry for offset %d of %s does not match its segment: "
-                        "reading the segment from its start", offset, self.name)
-        segment = self.segment_holding(offset)
-        return segment, 0, segment.base_offset
+        return self._snapshot.segments.holding(offset)
 
     def disk_frames(self, offset: int):
-        """Frames from the one holding `offset` to the acknowledged end, read in large
-        sequential chunks; each must continue the one before. Yields Frames whose
-        payload views a chunk.
-        Raises CorruptSegment, naming segment and position, at a bad frame before the
-        acknowledged end. Segments are tracked by base offset, so retention removing
-        older ones does not disturb it."""
-        segment, position, expect = self.locate(offset)
-        while expect < self.next_offset:
-            if position >= segment.size_bytes:
-                segment, position = self._next_segment(segment, expect)
-                continue
-            runs = walk_module.segment_frames(segment, position, expect,
-                                              self.config.read_chunk_bytes)
-            while True:  # the one walker's runs of frames, up to the acknowledged end
-                try:
-                    frames = next(runs)
-                except StopIteration as stop:
-                    end = stop.value
-                    break
-                for frame in frames:
-                    if frame.base_offset >= self.next_offset:
-                        return
-                    expect = frame.next_offset
-                    yield frame
-                if expect >= self.next_offset:
-                    return
-            if end.kind is not TailKind.END:  # bad bytes before the acknowledged end
-                raise _corrupt_read(segment, end.position, end.reason)
-            position = end.position
+        return self.view().disk_frames(offset)
 
-    def _next_segment(self, segment: Segment, expect: int) -> tuple[Segment, int]:
-        following = self.segments.after(segment)
-        if following is None:
-            raise _corrupt_read(segment, segment.size_bytes,
-                                f"the segment ends before offset {expect}, which the "
-                                f"log acknowledged")
-        if following.base_offset != expect:
-            raise _corrupt_read(following, 0, f"segment starts at offset "
-                                f"{following.base_offset}, expected {expect}")
-        return following, 0
+    def txn_state(self, txn_id: int, seen_at: int | None = None):
+        return self.view().txn_state(txn_id, seen_at)
+
+    def txn_first_offset(self, txn_id: int) -> int:
+        return self.view().txn_first_offset(txn_id)
+
+    def derive_txn(self, txn_id: int, first: int) -> tuple[int, int, int] | None:
+        return self.view().derive_txn(txn_id, first)
+
+    def open_txn_candidates(self) -> dict[int, int]:
+        return self.view().open_txn_candidates()
+
+    def last_stable_offset(self) -> int:
+        return self.view().last_stable_offset()
 
     # -- holds (retention never removes an offset a reader holds) -------------------
 
@@ -720,9 +515,9 @@ class Partition:
     def _apply_intent(self, intent: dict) -> None:
         cut = maintenance.apply_intent(self.fileio, self.directory, self.segments, self.index,
                                        intent, self.config.read_chunk_bytes)
-        self.segments = cut.segments
+        self._publish(segments=cut.segments)
         if cut.next_offset is not None:  # else recovery rebuilds the index and the end
-            self.next_offset, self.hwm_us = cut.next_offset, cut.hwm_us
+            self._publish(end_offset=cut.next_offset, hwm_us=cut.hwm_us)
             self.active_position = self.segments.active.size_bytes
             self.index.set_recovery_point(self._point())
 
@@ -760,11 +555,12 @@ class Partition:
                        if b is not None and b > present[-1].base_offset)
         for segment in self.segments[:gone]:
             segment.close()
-        self.segments = Segments((*present, *(Segment(self.fileio, self.directory, base,
-                                                      writable=False, clock=self.clock)
-                                              for base in newer)))
+        self._publish(segments=Segments((*present, *(Segment(self.fileio, self.directory,
+                                                             base, writable=False,
+                                                             clock=self.clock)
+                                                     for base in newer))))
         self._end_number = self.segments.index(end_segment)
-        self.start_offset = self.segments[0].base_offset
+        self._publish(start_offset=self.segments.start_offset)
         self._follow_tail()
         return True
 
@@ -778,7 +574,7 @@ class Partition:
             self.segments, self.index, number=number, position=position,
             next_offset=self.next_offset, hwm_us=self.hwm_us,
             chunk_bytes=self.config.read_chunk_bytes)
-        self.next_offset, self.hwm_us = state.next_offset, state.hwm_us
+        self._publish(end_offset=state.next_offset, hwm_us=state.hwm_us)
         self._end_number, self.active_position = state.end_segment, state.end_position
         self.ring.reset(self.next_offset)  # this view's readers read the new frames from disk
 
@@ -786,7 +582,7 @@ class Partition:
         """Read-only: show an unfinished truncate as finished (maintenance.view_intent)."""
         intent = maintenance.read_intent(self.fileio, self.directory)
         if intent is not None:
-            self.segments = maintenance.view_intent(self.segments, intent)
+            self._publish(segments=maintenance.view_intent(self.segments, intent))
             self.index.drop_from(intent["drop_from"])
 
     def _finish_intent(self) -> None:
@@ -804,10 +600,9 @@ class Partition:
             self.fileio, self.directory, self.segments, self.index,
             retention_age_s=self.config.retention_age_s,
             retention_bytes=self.config.retention_bytes, hold=self.min_hold(), now_us=now_us)
-        self.segments = retained.segments
-        self.start_offset = self.segments.start_offset
+        self._publish(segments=retained.segments, start_offset=retained.segments.start_offset)
         if retained.start_hwm_us is not None:
-            self.start_hwm_us = retained.start_hwm_us
+            self._publish(start_hwm_us=retained.start_hwm_us)
         return retained.deleted
 
     # -- closing --------------------------------------------------------------------
@@ -834,17 +629,3 @@ class Partition:
 
     def size_bytes(self) -> int:
         return self.segments.size_bytes()
-
-
-def _header_base(segment, position: int) -> int | None:
-    """Base offset in the (checksummed) frame header at `position`, or None."""
-    try:
-        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
-    except CorruptFrame:
-        return None
-    return None if fields is INCOMPLETE else fields[4]  # fields[4]: base_offset
-
-
-def _corrupt_read(segment: Segment, position: int, reason: str):
-    from .errors import CorruptSegment
-    return CorruptSegment(segment.path, position, reason)
