@@ -229,7 +229,8 @@ class Appender:
         return group
 
     def _fsync_due_in(self) -> float | None:
-        if not self._dirty or self.config.fsync is not FsyncPolicy.INTERVAL:
+        if not self._dirty or self.config.fsync is not FsyncPolicy.INTERVAL or (
+                self.failed is not None):  # a failed partition is never fsynced again
             return None
         return (self._last_fsync + self.config.fsync_interval_ms / 1000
                 - self.partition.clock.monotonic_s())

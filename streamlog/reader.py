@@ -203,6 +203,8 @@ class Reader:
                 yield from self._visible(columns, hwm_before)
                 continue
             for frame in partition.disk_frames(self.next_offset):
+                if len(partition.truncations) != self._truncations_seen:
+                    break  # the chunk this frame came from may be older than the cut
                 if frame.next_offset <= self.next_offset:
                     continue
                 yield from self._visible(_decode(partition, frame), None)
