@@ -14,12 +14,13 @@ through the file layer (fileio.py), both released by the kernel when a process d
   read-only view holds it shared while it refreshes, so it never takes in a frame whose
   commit has not finished (with fsync=always: one that is not yet durable).
 
-The commit lock's file holds a change counter (8 bytes, little-endian, read and written
-through a shared mapping; not durable and not needed to be: every open recovers from
-the segments). A holder about to change the
-partition's files bumps it first, so a writer that finds a counter other than the one
-it left knows another process has been there (even one killed half-way) and catches up
-before it writes (partition.py).
+The commit lock's file holds a change counter and the tail state its last holder left
+(read and written through a shared mapping; not durable and not needed to be: every
+open recovers from the segments). A holder about to change the partition's files bumps
+the counter first, so a writer that finds a counter other than the one it left knows
+another process has been there (even one killed half-way) and catches up before it
+writes (partition.py): from the tail state alone when the last holder let go cleanly
+and the segment set is as it knows it, otherwise by reading what was added.
 """
 
 from __future__ import annotations
@@ -27,17 +28,42 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from typing import NamedTuple
 
 from .errors import LogLocked
 
-_COUNTER = struct.Struct("<Q")
+_STATE = struct.Struct("<QQqqqqQ")
+_U64 = struct.Struct("<Q")
+_TAIL = struct.Struct("<Qqqqq")  # the tail state, after the counter
+_LAYOUT_AT = _U64.size + _TAIL.size
+_EMPTY = (0, 1, 0, 0, 0, 0, 0)  # a counter of 0 and no valid tail state
+_U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 PARTITION_LOCK_NAME = "writer.lock"
 REGISTRY_NAME = "LOCK"
 
 
+class TailState(NamedTuple):
+    """Where the partition ended when its last commit lock holder let go cleanly."""
+
+    end_offset: int
+    active_base: int  # base offset of the segment it was appending to
+    position: int  # the end of the frames in that segment
+    hwm_us: int  # index.NO_HWM when there is no record
+    layout: int  # the segment-set generation (see PartitionLock)
+
+
 class PartitionLock:
-    """The commit lock of one partition and its change counter (a shared mapping of
-    the lock file's first 8 bytes: reading and bumping it costs no system call)."""
+    """The commit lock of one partition, its change counter, and the tail state the
+    last holder left (a shared mapping of the lock file's first bytes: reading and
+    writing them costs no system call).
+
+    Layout (little-endian u64/i64): counter | counter at which the tail state was
+    written | end offset | active segment base | position | hwm | layout generation.
+    The tail state is valid only when its counter is the current one: a holder killed
+    after its bump never wrote one. The layout generation changes when a holder changes
+    the segment set (a roll, retention, a truncate, a repair of what a killed holder
+    left); a writer whose last known layout is still current, and whose active segment
+    is the tail state's, takes the tail state in without reading a file."""
 
     def __init__(self, fileio, directory: str, *, writable: bool) -> None:
         self.fileio = fileio
@@ -59,20 +85,38 @@ class PartitionLock:
             return True  # a read-only view of a log no writer has opened since
         self.fileio.lock(self.handle, exclusive=exclusive)
         self.held = True
-        return self._counter() != self.seen
+        return self._fields(_U64)[0] != self.seen
+
+    def tail_state(self) -> TailState | None:
+        """The tail state the last holder left, when it let go cleanly."""
+        fields = self._fields()
+        return TailState(*fields[2:]) if fields[1] == fields[0] != 0 else None
 
     def bump(self) -> None:
         """Say (before changing any file) that the partition changes."""
         assert self.held and self.writable
-        if self._map is None and self.fileio.size(self.handle) < _COUNTER.size:
-            self.fileio.truncate(self.handle, _COUNTER.size)  # a new file
-        self.seen = (self._counter() + 1) & 0xFFFF_FFFF_FFFF_FFFF
-        _COUNTER.pack_into(self._map, 0, self.seen)
+        self.seen = (self._fields(_U64)[0] + 1) & _U64_MAX
+        _U64.pack_into(self._map, 0, self.seen)
+
+    def next_layout(self) -> int:
+        """The segment set changes: a new layout generation (returned)."""
+        layout = (self.layout() + 1) & _U64_MAX
+        _U64.pack_into(self._map, _LAYOUT_AT, layout)
+        return layout
+
+    def layout(self) -> int:
+        return self._fields()[6]
+
+    def leave_tail(self, end_offset: int, active_base: int, position: int,
+                   hwm_us: int) -> None:
+        """Before letting go after a change: where the partition ends now."""
+        _TAIL.pack_into(self._map, _U64.size, self.seen, end_offset, active_base, position,
+                        hwm_us)
 
     def settle(self) -> None:
         """This process has taken in everything up to now (a view after refreshing)."""
         if self.handle is not None:
-            self.seen = self._counter()
+            self.seen = self._fields()[0]
 
     def release(self) -> None:
         if self.held and self.handle is not None:
@@ -87,13 +131,17 @@ class PartitionLock:
             self.fileio.close(self.handle)  # also lets go of the lock
             self.handle, self.held = None, False
 
-    def _counter(self) -> int:
+    def _fields(self, layout: struct.Struct = None) -> tuple:
+        """The mapping's first fields, as `layout` (default: all of them) reads them."""
+        layout = layout or _STATE
         if self._map is None:
-            if self.fileio.size(self.handle) < _COUNTER.size:
-                return 0  # no writer has bumped it yet
-            self._map = mmap.mmap(self.handle, _COUNTER.size, access=mmap.ACCESS_WRITE
+            if self.fileio.size(self.handle) < _STATE.size:
+                if not (self.writable and self.held):
+                    return _EMPTY[:len(layout.format) - 1]  # no writer has used it yet
+                self.fileio.truncate(self.handle, _STATE.size)  # a new (or older) file
+            self._map = mmap.mmap(self.handle, _STATE.size, access=mmap.ACCESS_WRITE
                                   if self.writable else mmap.ACCESS_READ)
-        return _COUNTER.unpack_from(self._map, 0)[0]
+        return layout.unpack_from(self._map, 0)
 
 
 class WriterRegistry:

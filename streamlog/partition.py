@@ -12,9 +12,7 @@ States: OPEN, FAILED (a write or fsync failed; appends refused until reopened), 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import contextlib
 import os
 import threading
 
@@ -62,6 +60,8 @@ class Partition:
         self.truncations: list[int] = []  # new end offsets, one per truncate_after
         self._holds_lock = threading.Lock()
         self._exclusive_depth = 0
+        self._exclusive = _Exclusive(self)
+        self._layout: int | None = None  # the segment-set generation last known here
         if not readonly:
             fileio.makedirs(directory)
         self._index_problem: str | None = None
@@ -81,6 +81,8 @@ class Partition:
                     self.lock.bump()
                 self._load(progress)
                 self.lock.settle()
+                if not readonly:
+                    self._leave_tail()
             finally:
                 self.lock.release()
         except BaseException:
@@ -254,7 +256,7 @@ class Partition:
         batches = [(frame.base_offset, decode_columns(frame), hwm_before)
                    for frame, hwm_before in committed.published]
         self.active_position = committed.end_position
-        self._publish(end_offset=committed.next_offset, hwm_us=committed.hwm_us)
+        self._publish_end(committed.next_offset, committed.hwm_us)
         self.ring.publish(batches, committed.next_offset)
 
     def sync_active(self) -> None:
@@ -269,27 +271,57 @@ class Partition:
 
     # -- several writer processes (locks.py) ----------------------------------------
 
-    @contextlib.contextmanager
-    def exclusive(self):
-        """Writer thread: hold the commit lock, having first taken in what writers in
-        other processes did since this one last held it. Re-entrant (a job appends)."""
-        if self._exclusive_depth:
-            self._exclusive_depth += 1
-            try:
-                yield
-            finally:
-                self._exclusive_depth -= 1
+    def exclusive(self) -> "_Exclusive":
+        """Writer thread: a context that holds the commit lock, having first taken in
+        what writers in other processes did since this one last held it. Re-entrant (a
+        job that appends)."""
+        return self._exclusive
+
+    def _enter_exclusive(self) -> None:
+        self._exclusive_depth += 1
+        if self._exclusive_depth > 1:
             return
-        changed = self.lock.acquire()
-        self._exclusive_depth = 1
         try:
+            changed = self.lock.acquire()
+            tail = self.lock.tail_state() if changed else None
             self.lock.bump()
-            if changed:
+            if changed and not (tail is not None and self._take_tail(tail)):
                 self._catch_up()
-            yield
-        finally:
-            self._exclusive_depth = 0
-            self.lock.release()
+                self._layout = self.lock.layout()  # this process knows the set now
+        except BaseException:
+            self._exit_exclusive(failed=True)
+            raise
+
+    def _exit_exclusive(self, *, failed: bool) -> None:
+        self._exclusive_depth -= 1
+        if self._exclusive_depth == 0:
+            try:
+                if not failed:  # else the next holder reads what this one left
+                    self._leave_tail()
+            finally:
+                self.lock.release()
+
+    def _leave_tail(self) -> None:
+        now = self._snapshot
+        self.lock.leave_tail(now.end_offset, now.segments.active.base_offset,
+                             self.active_position, NO_HWM if now.hwm_us is None else now.hwm_us)
+
+    def _take_tail(self, tail) -> bool:
+        """Catch up from the tail state the last holder left, when this process knows
+        the segment set it describes (only appends happened since): no file is read.
+        Returns False when it cannot (the caller reads what was added)."""
+        active = self.segments.active
+        if tail.layout != self._layout or tail.active_base != active.base_offset or (
+                tail.end_offset < self.next_offset):
+            return False
+        active.adopt_size()
+        if active.size_bytes != tail.position:
+            return False
+        self.index.reload_last()
+        self.active_position = tail.position
+        self._publish_end(tail.end_offset, None if tail.hwm_us == NO_HWM else tail.hwm_us)
+        self.ring.reset(tail.end_offset)
+        return True
 
     def poll(self) -> bool:
         """Take in what other processes appended, now (a follower in this process calls
@@ -304,13 +336,8 @@ class Partition:
         return self.next_offset != before
 
     def _poll_job(self) -> None:
-        changed = self.lock.acquire()
-        try:
-            if changed:
-                self._catch_up()
-                self.lock.settle()
-        finally:
-            self.lock.release()
+        with self.exclusive():
+            pass  # entering it catches up
 
     def _catch_up(self) -> None:
         """Writer, under the commit lock: take in the frames and segments other
@@ -337,9 +364,10 @@ class Partition:
                               NO_HWM if self.hwm_us is None else self.hwm_us)
         state, _ = recovery_module.catch_up(segments, self.index, start=start,
                                             chunk_bytes=self.config.read_chunk_bytes)
-        # catch_up may have removed a torn new segment from `segments`
-        self._publish(segments=Segments(segments), start_offset=segments[0].base_offset,
-                      end_offset=state.next_offset, hwm_us=state.hwm_us)
+        changes = dict(end_offset=state.next_offset, hwm_us=state.hwm_us)
+        if segments != list(ours):  # (catch_up may have removed a torn new segment)
+            changes.update(segments=Segments(segments), start_offset=segments[0].base_offset)
+        self._publish(**changes)
         if state.end_segment != len(segments) - 1:
             self._reload()  # not a shape a crash mid-commit leaves: read it all again
             return
@@ -397,8 +425,17 @@ class Partition:
         return self._snapshot
 
     def _publish(self, **changes) -> None:
-        """Writer (or a view's refresh): replace the snapshot, in one assignment."""
-        self._snapshot = dataclasses.replace(self._snapshot, **changes)
+        """Writer (or a view's refresh): replace the snapshot, in one assignment. A
+        writer that changes the segment set starts a new layout generation (locks.py)."""
+        self._snapshot = self._snapshot._replace(**changes)
+        if "segments" in changes and self.lock.held and not self.readonly:
+            self._layout = self.lock.next_layout()
+
+    def _publish_end(self, end_offset: int, hwm_us: int | None) -> None:
+        """`_publish` for the common case, a commit."""
+        now = self._snapshot
+        self._snapshot = Snapshot(now.start_offset, end_offset, hwm_us, now.start_hwm_us,
+                                  now.segments)
 
     @property
     def next_offset(self) -> int:
@@ -629,3 +666,19 @@ class Partition:
 
     def size_bytes(self) -> int:
         return self.segments.size_bytes()
+
+
+class _Exclusive:
+    """The context of Partition.exclusive (a class: cheaper than a generator, and a
+    commit enters it every time)."""
+
+    __slots__ = ("partition",)
+
+    def __init__(self, partition: Partition) -> None:
+        self.partition = partition
+
+    def __enter__(self) -> None:
+        self.partition._enter_exclusive()
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.partition._exit_exclusive(failed=kind is not None)

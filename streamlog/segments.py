@@ -33,7 +33,7 @@ class Segments(tuple):
     @property
     def active(self):
         """The last segment: the one a writer appends to."""
-        return self[-1]
+        return tuple.__getitem__(self, -1)
 
     @property
     def start_offset(self) -> int:

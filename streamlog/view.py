@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,8 +31,7 @@ from .txn import TxnState
 log = logging.getLogger("streamlog.partition")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """A partition's state as readers see it, replaced (never changed) by its writer."""
 
     start_offset: int
