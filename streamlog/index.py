@@ -72,7 +72,8 @@ assert _RECOVERY.size == 32
 _SUM = struct.Struct("<Q")
 _KEY_BYTES_MAX = 511  # LMDB's own limit
 _VALUE_BYTES_MAX = 4096  # meta values (commit markers) are small
-FORMAT = b"2"  # 2: every value carries a checksum of its key and value
+FORMAT = b"3"  # 2: every value carries a checksum of its key and value;
+#                3: a commit marker is stored with its offset
 
 
 def _seal(key: bytes, value: bytes) -> bytes:
@@ -249,7 +250,7 @@ class Index:
         self._overlay_bases: list[int] = []
         self._overlay_times: list[tuple[int, int]] = []
         self._overlay_txns: dict[int, tuple[int, int]] = {}
-        self._overlay_commits: dict[str, bytes] = {}
+        self._overlay_commits: dict[str, tuple[int, bytes]] = {}
         # Read-only: stored entries from this offset on are hidden (a live writer may be
         # ahead of what this open scanned); the overlay stands in for them.
         self._hidden_from: int | None = None
@@ -258,6 +259,8 @@ class Index:
         # it lacks is then truly absent, not lost to a damaged page.
         self.verified = False
         self.reopened_txns: list[int] = []
+        # Tags whose latest commit a drop_from cut off (the partition re-derives them).
+        self.dropped_commits: list[str] = []
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
@@ -367,7 +370,7 @@ class Index:
                 self._overlay_txns[txn_id] = (state, known[1] if known else first,
                                               0 if state == 1 else first)
                 if tag:
-                    self._overlay_commits[tag] = marker
+                    self._overlay_commits[tag] = (first, bytes(marker))
         else:
             with self._write() as txn:
                 cursor = txn.cursor(self._offsets)
@@ -395,7 +398,8 @@ class Index:
         self._put_txn(txn, key, state, first, offset)
         if tag:
             meta_key = b"commit:" + tag.encode()
-            txn.put(meta_key, _seal(meta_key, bytes(marker)), db=self._meta)
+            txn.put(meta_key, _seal(meta_key, _KEY.pack(offset) + bytes(marker)),
+                    db=self._meta)
 
     def _put_txn(self, txn, key: bytes, state: int, first: int, marker_at: int) -> None:
         txn.put(key, _seal(key, _TXN.pack(state, first, marker_at)), db=self._txns)
@@ -451,12 +455,28 @@ class Index:
                 out.pop(txn_id, None)
         return out
 
-    def last_commit(self, tag: str) -> bytes | None:
+    def last_commit(self, tag: str) -> tuple[int, bytes] | None:
+        """(offset, marker) of the latest commit under `tag` the index knows of: a
+        claim, checked against the segments by its reader (view.View.last_commit)."""
         if tag in self._overlay_commits:
             return self._overlay_commits[tag]
-        return self._get_meta(b"commit:" + tag.encode())
+        stored = self._get_meta(b"commit:" + tag.encode())
+        if stored is None:
+            return None
+        if len(stored) < _KEY.size:
+            raise CorruptIndex(f"index {self.path} has an impossible commit marker")
+        return _KEY.unpack_from(stored)[0], stored[_KEY.size:]
 
     @_guard
+    def put_commit(self, tag: str, offset: int, marker: bytes) -> None:
+        """Record the latest commit under `tag`, re-derived from the segments."""
+        if self._env is None or self.readonly:
+            self._overlay_commits[tag] = (offset, marker)
+            return
+        meta_key = b"commit:" + tag.encode()
+        with self._write() as txn:
+            txn.put(meta_key, _seal(meta_key, _KEY.pack(offset) + marker), db=self._meta)
+
     def check_txns(self) -> None:
         """Read every cached transaction state; raises CorruptIndex on any damage.
         Runs at a writable open before any marker could be written from them."""
@@ -498,10 +518,13 @@ class Index:
                         pass
                 self._drop_times_from(txn, offset)
                 self.reopened_txns = self._drop_txns_from(txn, offset)
+                self.dropped_commits += self._drop_commits_from(txn, offset)
         elif self._env is not None:
             self._hidden_from = offset if self._hidden_from is None else min(
                 self._hidden_from, offset)
         self._overlay_txns = {t: v for t, v in self._overlay_txns.items() if v[1] < offset}
+        self._overlay_commits = {t: v for t, v in self._overlay_commits.items()
+                                 if v[0] < offset}
         keep = bisect.bisect_left(self._overlay_bases, offset)
         del self._overlay[keep:], self._overlay_bases[keep:]
         self._overlay_times = [(h, b) for h, b in self._overlay_times if b < offset]
@@ -521,6 +544,23 @@ class Index:
                     return False
         return True
 
+    def _drop_commits_from(self, txn, offset: int) -> list[str]:
+        """Forget the commits (per tag) at or after `offset`; returns their tags (the
+        caller finds each tag's latest commit before the cut in the segments)."""
+        dropped = []
+        cursor = txn.cursor(self._meta)
+        if cursor.set_range(b"commit:"):
+            while cursor.key().startswith(b"commit:"):
+                key = bytes(cursor.key())
+                stored = _open(key, cursor.value())
+                if len(stored) < _KEY.size or _KEY.unpack_from(stored)[0] >= offset:
+                    dropped.append(key[len(b"commit:"):].decode(errors="replace"))
+                    if not cursor.delete():
+                        break
+                elif not cursor.next():
+                    break
+        return dropped
+
     def _drop_txns_from(self, txn, offset: int) -> list[int]:
         """Forget transactions that start at or after `offset`; reopen those whose
         marker is cut off. Returns the reopened ids (the caller aborts them)."""
@@ -530,6 +570,8 @@ class Index:
             if first >= offset:
                 txn.delete(key, db=self._txns)
                 txn.delete(key, db=self._open)
+                if state != 1:  # ended: re-indexing a kept part of its data reopens it
+                    reopened.append(_KEY.unpack(key)[0])
             elif state != 1 and marker_at >= offset:
                 self._put_txn(txn, key, 1, first, 0)
                 reopened.append(_KEY.unpack(key)[0])

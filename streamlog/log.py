@@ -514,7 +514,7 @@ class Log:
 
     def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
         """Marker of the latest commit made with `tag` in the partition, or None."""
-        return self.partition(stream, partition).index.last_commit(tag)
+        return self.partition(stream, partition).last_commit(tag)
 
     def _open_txn(self, stream: str, partition: int, txn_id: int):
         part = self.partition(stream, partition)

@@ -90,8 +90,10 @@ class Cut:
 
 
 def apply_intent(fileio, directory: str, segments: Segments, index: Index, intent: dict,
-                 chunk_bytes: int) -> Cut:
-    """Carry out a truncate intent (idempotent; see the module docstring)."""
+                 chunk_bytes: int, start_hwm_us: int | None = None) -> Cut:
+    """Carry out a truncate intent (idempotent; see the module docstring).
+    `start_hwm_us`: the running max of the records retention removed, where the
+    running max starts again when no batch before the cut is left."""
     segment_base, position = intent["segment_base"], intent["position"]
     prefix = bytes.fromhex(intent["prefix"])
     keep = segments.through(segment_base)
@@ -117,7 +119,7 @@ def apply_intent(fileio, directory: str, segments: Segments, index: Index, inten
         state, _ = recovery_module.index_from(
             keep, index, number=len(keep) - 1, position=position,
             next_offset=previous.next_offset if previous is not None else segment.base_offset,
-            hwm_us=previous.hwm_after_us if previous is not None else None,
+            hwm_us=previous.hwm_after_us if previous is not None else start_hwm_us,
             chunk_bytes=chunk_bytes)
         cut.next_offset, cut.hwm_us = state.next_offset, state.hwm_us
     index.sync()  # before the intent goes: a surviving intent covers the index

@@ -24,7 +24,7 @@ from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
 from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
-                     ReadOnlyLog)
+                     PartitionFailed, ReadOnlyLog)
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
@@ -104,16 +104,36 @@ class Partition:
             self.index.reload_last()
         except CorruptIndex:
             pass  # recovery finds out, and rebuilds it
-        self._publish(segments=self._open_segments())
+        segments = self._open_segments()
+        self._publish(segments=segments, start_offset=segments.start_offset)
+        # Running max of the records retention removed (None when none were removed).
+        self._load_start_hwm()
         if not self.readonly:
             self._finish_intent()
         else:
             self._view_intent()
         if self.segments:
             self._recover(progress)
-        self._publish(start_offset=self.segments.start_offset)
-        # Running max of the records retention removed (None when none were removed).
-        self._load_start_hwm()
+        if not self.readonly:
+            self._forget_removed()
+
+    def _forget_removed(self) -> None:
+        """Index entries of segments that are gone (a crash inside retention, after the
+        delete reached the disk and before the index heard of it) are dropped; the
+        running max of what was removed is kept, as retention keeps it."""
+        try:
+            first = self.index.first_entry()
+            if first is None or first.base_offset >= self.start_offset:
+                return
+            last_removed = self.index.lookup_offset(self.start_offset - 1)
+            if last_removed is not None and last_removed.next_offset == self.start_offset:
+                # (retention records it before it drops the entries; a crash between
+                # the delete and that left an older, lower mark, or none)
+                self.index.set_meta("start_hwm", str(last_removed.hwm_after_us).encode())
+                self._publish(start_hwm_us=last_removed.hwm_after_us)
+            self.index.drop_before(self.start_offset)
+        except CorruptIndex:
+            pass  # recovery has judged the index; reads check every entry they use
 
     def _load_start_hwm(self) -> None:
         try:
@@ -145,6 +165,8 @@ class Partition:
         self.active_position = state.end_position
         self._end_number = state.end_segment  # the segment the view's end is in
         self.damage = state.damage
+        if not self.readonly:
+            self._rederive_commits()
 
     def _abort_orphans(self) -> None:
         """Abort transactions that a crashed writer left open (DESIGN 6). The index only
@@ -152,7 +174,10 @@ class Partition:
         is ever written on the strength of index data alone."""
         for txn_id, first in sorted(self.open_txn_candidates().items()):
             found = self.derive_txn(txn_id, first)
-            if found is not None and found[0] == TxnState.OPEN:
+            if found is not None and found[0] == TxnState.OPEN or (
+                    found is None and first < self.start_offset):
+                # (the second: retention removed all its data; only its state is left,
+                # and it would hold the last stable offset back for good)
                 self.append_marker(txn_id, RecordKind.ABORT, b"")
 
     def append_marker(self, txn_id: int, kind, value: bytes) -> int:
@@ -331,8 +356,8 @@ class Partition:
         before = self.next_offset
         try:
             self.run_job(self._poll_job)
-        except (LogClosed, ReadOnlyLog):
-            return False
+        except (LogClosed, ReadOnlyLog, PartitionFailed):
+            return False  # a closed or failed partition takes nothing more in
         return self.next_offset != before
 
     def _poll_job(self) -> None:
@@ -375,6 +400,7 @@ class Partition:
         self.active_position = state.end_position
         if gone:
             self._load_start_hwm()
+        self._rederive_commits()
         self.ring.reset(self.next_offset)
 
     def _reload(self) -> None:
@@ -496,6 +522,9 @@ class Partition:
     def last_stable_offset(self) -> int:
         return self.view().last_stable_offset()
 
+    def last_commit(self, tag: str) -> bytes | None:
+        return self.view().last_commit(tag)
+
     # -- holds (retention never removes an offset a reader holds) -------------------
 
     def hold(self, token: int, offset: int) -> None:
@@ -549,14 +578,25 @@ class Partition:
         self.index.sync()  # the index runs without sync; make this change stick
         return self.next_offset
 
+    def _rederive_commits(self) -> None:
+        """Tags whose latest commit a cut removed (Index.drop_from): their latest commit
+        before the cut, from the segments."""
+        tags, self.index.dropped_commits = self.index.dropped_commits, []
+        for tag in dict.fromkeys(tags):
+            found = self.view().scan_last_commit(tag)
+            if found is not None:
+                self.index.put_commit(tag, *found)
+
     def _apply_intent(self, intent: dict) -> None:
         cut = maintenance.apply_intent(self.fileio, self.directory, self.segments, self.index,
-                                       intent, self.config.read_chunk_bytes)
+                                       intent, self.config.read_chunk_bytes,
+                                       self.start_hwm_us)
         self._publish(segments=cut.segments)
         if cut.next_offset is not None:  # else recovery rebuilds the index and the end
             self._publish(end_offset=cut.next_offset, hwm_us=cut.hwm_us)
             self.active_position = self.segments.active.size_bytes
             self.index.set_recovery_point(self._point())
+            self._rederive_commits()
 
     # -- a read-only view that follows a writer in another process ------------------
 

@@ -54,6 +54,10 @@ class Reader:
         self.read_committed = read_committed
         self._txn_states: dict[int, object] = {}
         self._blocked_at: int | None = None  # end offset when an open txn blocked us
+        # read_committed: the last stable offset as of this pass; nothing at or after it
+        # is delivered (the first record of the oldest open transaction is there).
+        self._stable: int | None = None
+        self._stable_at: int | None = None  # the end offset _stable was computed at
         self.done = False
         self._token = next(_tokens)
         self._hwm: int | None = None
@@ -174,6 +178,7 @@ class Reader:
             return
         cut = min(partition.truncations[self._truncations_seen:])
         self._truncations_seen = len(partition.truncations)
+        self._stable_at = None  # transactions may have been reopened by the cut
         if self.next_offset > cut:
             raise OffsetOutOfRange(f"{partition.name} was truncated to end at offset {cut}, "
                                    f"before this reader's position {self.next_offset}")
@@ -197,6 +202,13 @@ class Reader:
                     yield _WAIT
                     continue
                 self._blocked_at, self._txn_states = None, {}
+            if self.read_committed:
+                end = partition.next_offset
+                if self._stable_at != end:  # it moves only with appends (and truncates)
+                    self._stable, self._stable_at = partition.last_stable_offset(), end
+                if self.next_offset >= self._stable:  # an open transaction starts here
+                    self._blocked_at = partition.next_offset
+                    continue
             found = partition.ring.find(self.next_offset)
             if found is not None:
                 base, columns, hwm_before = found
@@ -213,6 +225,8 @@ class Reader:
                     break
                 if self.stop_offset is not None and self.next_offset >= self.stop_offset:
                     break  # do not read (and judge) frames past the bound
+                if self._stable is not None and self.next_offset >= self._stable:
+                    break
 
     def _visible(self, columns: Columns, hwm_before):
         """Apply read_committed to a batch: emit it, skip it (aborted), or stop before
@@ -239,6 +253,8 @@ class Reader:
         base = columns.base_offset
         lo = self.next_offset - base
         hi = min(len(columns), self.partition.next_offset - base)
+        if self._stable is not None:
+            hi = min(hi, self._stable - base)
         if self.stop_offset is not None:
             hi = min(hi, self.stop_offset - base)
         if self.stop_timestamp_us is not None or self.start_timestamp_us is not None:

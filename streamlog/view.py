@@ -23,10 +23,11 @@ from .errors import CorruptFrame, CorruptIndex, CorruptSegment, OffsetOutOfRange
 from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header
 from .index import NO_HWM, Index, IndexEntry
 from .integrity import TailKind
-from .payload import Columns, decode_columns, running_max
+from .payload import Columns, columns_to_records, decode_columns, running_max
+from .records import RecordKind
 from .segment import Segment
 from .segments import Segments
-from .txn import TxnState
+from .txn import TxnState, decode_commit
 
 log = logging.getLogger("streamlog.partition")
 
@@ -127,6 +128,44 @@ class View:
             firsts = self.open_txns_from_segments().values()
         return min(firsts, default=self.end_offset)
 
+    def last_commit(self, tag: str) -> bytes | None:
+        """Marker of the latest commit made with `tag`, or None. The index's claim is
+        checked against the record it names (a COMMIT under `tag` at that offset, with
+        that marker); one that does not check out (a truncate or a power loss removed
+        the commit), or an index that cannot say, gives way to a walk of the partition."""
+        try:
+            claim = self.index.last_commit(tag)
+        except CorruptIndex as error:
+            log.warning("%s: looking for commits in the segments", error)
+            claim = ()
+        if claim is None and self.index.verified:
+            return None
+        if claim:
+            offset, marker = claim
+            if offset < self.start_offset:
+                # retention removed the record, not the commit (a cut drops the claims
+                # it passes: Index.drop_from)
+                return marker
+            if offset < self.end_offset and self._commit_at(offset) == (tag, marker):
+                return marker
+        found = self.scan_last_commit(tag)
+        return None if found is None else found[1]
+
+    def _commit_at(self, offset: int) -> tuple[str, bytes] | None:
+        entry, columns = self.batch_holding(offset)
+        (record,) = columns_to_records(columns, 0, offset - entry.base_offset,
+                                       offset - entry.base_offset + 1, data_only=False)
+        return decode_commit(record.value) if record.kind == RecordKind.COMMIT else None
+
+    def scan_last_commit(self, tag: str) -> tuple[int, bytes] | None:
+        """(offset, marker) of the latest commit under `tag` in the segments."""
+        found = None
+        for frame in self.disk_frames(self.start_offset):
+            if frame.has_control:
+                for _, state, at, event_tag, marker in recovery_module.txn_events(frame):
+                    if event_tag and event_tag == tag and state == TxnState.COMMITTED:
+                        found = (at, bytes(marker))
+        return found
 
     def check_offset(self, offset: int) -> None:
         if offset < self.start_offset:
@@ -224,6 +263,8 @@ class View:
                     if self.end_offset > self.start_offset else None)
             if last is not None and last.hwm_after_us < timestamp_us:
                 return None
+            return self._scan_time_entry(timestamp_us)
+        if entry.base_offset < self.start_offset:  # its segment is gone: unconfirmable
             return self._scan_time_entry(timestamp_us)
         before = self.hwm_before(entry)
         if entry.hwm_after_us < timestamp_us or entry.next_offset > self.end_offset or (

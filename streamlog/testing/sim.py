@@ -227,7 +227,10 @@ class Model:
         """Offsets a non-following reader from `start` delivers."""
         states = self.txns()
         out = []
-        for offset in range(start, self.end if stop is None else min(stop, self.end)):
+        end = self.end if stop is None else min(stop, self.end)
+        if read_committed:  # nothing at or after the last stable offset
+            end = min(end, self.last_stable_offset())
+        for offset in range(start, end):
             rec = self.records[offset]
             if stop_timestamp_us is not None and hwm[offset] is not None and (
                     hwm[offset] >= stop_timestamp_us):
@@ -823,7 +826,9 @@ class Simulator:
             matched += 1
         for cut in range(max(candidate.floor, start), matched + 1):
             plan = model.cut(cut)
-            orphans = plan.txns_with_data_from(plan.open_txns(), start)
+            # every open transaction: confirmed from its data, or with all its data
+            # removed by retention (it would hold the last stable offset back for good)
+            orphans = sorted(plan.open_txns())
             if got[cut - start:] == [Rec(b"", None, now, (), int(RecordKind.ABORT), t)
                                      for t in orphans]:
                 return cut

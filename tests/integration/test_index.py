@@ -37,7 +37,7 @@ def test_lookups_by_offset_and_by_time(index):
 
 def test_transaction_events_and_a_truncate_that_cuts_a_marker(index):
     index.put([entry(0, 10, 5)], None, [(7, 1, 0, None, None), (7, 2, 9, "q", b"m")])
-    assert index.txn_state(7) == (2, 0, 9) and index.last_commit("q") == b"m"
+    assert index.txn_state(7) == (2, 0, 9) and index.last_commit("q") == (9, b"m")
     assert index.open_txns() == {}
     index.drop_from(5)  # the commit marker at 9 is cut off: open again
     assert index.reopened_txns == [7] and index.open_txns() == {7: 0}

@@ -1040,6 +1040,49 @@ def test_a_follower_past_the_cut_is_told_about_the_truncation(log_dir, open_logs
     assert errors and isinstance(errors[0], OffsetOutOfRange)
 
 
+def test_last_commit_forgets_a_commit_that_truncate_cut(log_dir, open_logs):
+    """An exactly-once sink asks last_commit(tag) what it committed: after a truncate
+    cut the latest commit, the answer is the one before it, even once new records
+    occupy the cut offsets."""
+    log = open_logs(log_dir)
+    log.create_stream(STREAM)
+    for batch in (1, 2):
+        txn = log.new_txn_id()
+        log.append_sync(STREAM, b"x", txn_id=txn)
+        at = log.commit_txn(STREAM, 0, txn, tag="q", marker=b"%d" % batch)
+    assert log.last_commit(STREAM, 0, "q") == b"2"
+    log.truncate_after(STREAM, 0, at - 1)
+    assert log.last_commit(STREAM, 0, "q") == b"1"
+    log.append_sync(STREAM, b"y")
+    log.append_sync(STREAM, b"z")
+    assert log.last_commit(STREAM, 0, "q") == b"1"
+    assert log.last_commit(STREAM, 0, "nobody") is None
+
+
+def test_truncate_inside_a_transactions_first_frame_aborts_it(log_dir, open_logs):
+    log = open_logs(log_dir)
+    log.create_stream(STREAM)
+    log.append_batch_sync(STREAM, [b"a", b"b"], partition=0, txn_id=9)
+    log.commit_txn(STREAM, 0, 9)
+    log.truncate_after(STREAM, 0, 0)  # keeps "a", cuts "b" and the commit
+    assert log.txn_state(STREAM, 0, 9) is TxnState.ABORTED
+    assert log.last_stable_offset(STREAM, 0) == log.end_offset(STREAM, 0)
+    assert [r.value for r in log.reader(STREAM, 0)] == []
+
+
+def test_a_read_committed_reader_stops_at_the_last_stable_offset(log_dir, open_logs):
+    log = open_logs(log_dir)
+    log.create_stream(STREAM)
+    log.append_sync(STREAM, b"open", txn_id=5)
+    log.append_sync(STREAM, b"plain")
+    assert log.last_stable_offset(STREAM, 0) == 0
+    assert [r.value for r in log.reader(STREAM, 0, from_offset=1)] == []
+    assert [r.value for r in log.reader(STREAM, 0, from_offset=1,
+                                        read_committed=False)] == [b"plain"]
+    log.commit_txn(STREAM, 0, 5)
+    assert [r.value for r in log.reader(STREAM, 0)] == [b"open", b"plain"]
+
+
 def test_truncate_into_an_older_segment(log_dir, open_logs):
     log = open_logs(log_dir, fsync="never", **SEGMENT_SMALL)
     log.create_stream(STREAM)
