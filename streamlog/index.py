@@ -41,7 +41,12 @@ reconciles the index with them on every unclean open. Transactions are always us
 A read-only open must not write anything, so entries it discovers past the stored
 index (an unflushed tail, or a log with no index at all) go to an in-memory overlay.
 Only the partition's writer thread mutates an Index; readers call the lookups from any
-thread (LMDB read transactions are per call).
+thread (LMDB read transactions are per call). Writers in several processes share the
+environment (LMDB locks it); each holds the partition's commit lock while it writes.
+
+Why one module of ~700 lines: the stored format (keys, checksummed values), the checks
+of a file before LMDB maps it (seal, probe) and the read-only overlay must agree byte
+for byte, so they are kept together.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import functools
 import os
 import struct
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import lmdb
 import xxhash
@@ -236,6 +241,41 @@ def _entry(key: bytes, stored) -> IndexEntry:
     if entry.record_count < 1 or entry.frame_bytes < 1 or entry.position < 0:
         raise CorruptIndex(f"index entry for offset {base_offset} is impossible")
     return entry
+
+
+class IndexStore(Protocol):
+    """What the partition, its views, recovery and maintenance ask of an index: the
+    interface `Index` (LMDB) implements. Every answer is a claim that its caller checks
+    against the segments (the index is a cache, DESIGN 2)."""
+
+    last_entry: IndexEntry | None
+    verified: bool  # matched its seal at open, or was rebuilt here
+    reopened_txns: list[int]  # set by drop_from: ended transactions the cut reopened
+    dropped_commits: list[str]  # set by drop_from: tags whose latest commit it cut
+
+    # writes (one writer at a time: the partition's writer thread, under its lock)
+    def put(self, entries: list[IndexEntry], recovery: RecoveryPoint | None = None,
+            events=()) -> None: ...
+    def put_txn_state(self, txn_id: int, state: int, first: int, marker_at: int) -> None: ...
+    def put_commit(self, tag: str, offset: int, marker: bytes) -> None: ...
+    def set_recovery_point(self, point: RecoveryPoint) -> None: ...
+    def set_meta(self, name: str, value: bytes) -> None: ...
+    def drop_from(self, offset: int) -> None: ...
+    def drop_before(self, offset: int) -> None: ...
+    def clear(self) -> None: ...
+    def sync(self) -> None: ...
+    def close(self, *, seal: bool = False) -> None: ...
+    def reload_last(self) -> None: ...
+
+    # reads (any thread)
+    def recovery_point(self) -> RecoveryPoint | None: ...
+    def get_meta(self, name: str) -> bytes | None: ...
+    def lookup_offset(self, offset: int) -> IndexEntry | None: ...
+    def lookup_time(self, timestamp_us: int) -> IndexEntry | None: ...
+    def first_entry(self) -> IndexEntry | None: ...
+    def txn_state(self, txn_id: int) -> tuple[int, int, int] | None: ...
+    def open_txns(self) -> dict[int, int]: ...
+    def last_commit(self, tag: str) -> tuple[int, bytes] | None: ...
 
 
 class Index:

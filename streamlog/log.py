@@ -9,6 +9,9 @@ and creates readers. Every public method checks its arguments and raises
 
 Thread-safety: appends and readers may be used from many threads and event loops at
 once; create_stream, truncate_after, apply_retention and close are serialised by a lock.
+
+Why ~750 lines: it is the public API, and each method checks its arguments and says
+what it does; the work is done by the partitions.
 """
 
 from __future__ import annotations

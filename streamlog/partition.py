@@ -1,13 +1,20 @@
-"""One partition: segments + index + writer thread + live-tail ring.
+"""One partition's owner: opening and recovery, the writer side, several writer
+processes, a read-only view's refresh.
 
-Strategy: opening runs recovery (recovery.py) and then starts the writer thread
-(appender.py) when writable. Offsets and sizes that readers look at (`next_offset`,
-`segments`) are replaced, never mutated in place, by the writer thread, so a reader that
-took a reference keeps a consistent view without a lock. Operations that rewrite files
-(`truncate_after`, retention) run as jobs on the writer thread, between groups of
-appends, so they never race an append.
+Strategy: the writer thread (appender.py) owns the partition's mutable state; everyone
+else reads an immutable `view.Snapshot` (offsets, high-water marks, segments), published
+in one assignment after every change, through a `view.View`. Opening runs recovery
+(recovery.py) under the partition's commit lock, then starts the writer thread when
+writable. Every change to the files (a commit, a roll, truncate_after and retention,
+which run as jobs on the writer thread between groups of appends, through
+maintenance.py) holds the commit lock (locks.py) and first takes in what writers in
+other processes did. A read-only view follows a writer with `refresh`.
 
-States: OPEN, FAILED (a write or fsync failed; appends refused until reopened), CLOSED.
+States (`state`): "open"; "failed" (a write or fsync failed: appends are refused until
+the log is reopened, reads go on); "closed".
+
+Why one module of ~700 lines: it is the one place that changes the partition's state;
+reads live in view.py, file work for truncate and retention in maintenance.py.
 """
 
 from __future__ import annotations
@@ -683,6 +690,12 @@ class Partition:
         return retained.deleted
 
     # -- closing --------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        if self.closed:
+            return "closed"
+        return "failed" if self.appender is not None and self.appender.failed else "open"
 
     def stop_writing(self) -> None:
         """Drain the queued appends, fsync, stop the writer thread. Idempotent."""

@@ -48,6 +48,10 @@ removed them), recovery falls back to a full replay from the input's start that
 suppresses the output of records <= `c`. Both paths give exactly the failure-free `R`s.
 
 Thread-safety: one thread drives an operator (see operator.py).
+
+Why ~800 lines: the paper's algorithm is one state machine (windows, G_OPEN/G_CHECK
+footprints, Q/U, CI/CP and the backwards rebuild of EC share its state); splitting it
+would scatter one invariant over several files.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ Run as a program, this module is the two helper processes:
 
     python -m streamlog.testing.damage tail-writer LOG SEED
     python -m streamlog.testing.damage index-worker BUILT_PICKLE
+
+Why ~1,400 lines: one harness for every kind of fault (segment and index flips, kills),
+with the expected answers each is judged against; it is test tooling, not the product.
 """
 
 from __future__ import annotations

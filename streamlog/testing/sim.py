@@ -42,6 +42,9 @@ LMDB index (it is not behind FileIO, so a power loss never rolls it back); the o
 tests in tests/sim cover those.
 
 Not thread-safe: one simulator, one thread (the log's writer thread aside).
+
+Why ~1,000 lines: the model, the operations and their checks are one simulator; the
+model alone is small, the checks are most of it.
 """
 
 from __future__ import annotations

@@ -88,3 +88,19 @@ def test_an_untouched_sealed_index_is_verified_and_unsealed_by_its_first_write(t
     finally:
         writer.close(seal=True)
     assert os.path.exists(path + ".seal")
+
+
+def test_index_implements_the_index_store_interface(index):
+    """IndexStore is what the partition, views, recovery and maintenance use: Index has
+    every method with the same parameters, and every attribute."""
+    import inspect
+    from streamlog.index import IndexStore
+    declared = {name for name, value in vars(IndexStore).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared >= {"put", "drop_from", "lookup_offset", "last_commit"}
+    for name in sorted(declared):
+        wanted = list(inspect.signature(getattr(IndexStore, name)).parameters)
+        got = list(inspect.signature(getattr(Index, name)).parameters)
+        assert got == wanted, (name, got, wanted)
+    for name in IndexStore.__annotations__:
+        assert hasattr(index, name), name
