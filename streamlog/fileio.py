@@ -29,6 +29,7 @@ class FileIO(Protocol):
     def fsync_dir(self, path: str) -> None: ...
     def path_of(self, handle: int) -> str: ...
     def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool: ...
+    def open_shared(self, path: str, size: int, *, writable: bool) -> int: ...
     def unlock(self, handle: int) -> None: ...
 
 
@@ -92,6 +93,18 @@ class OsFileIO:
 
     def path_of(self, handle: int) -> str:
         return self._paths[handle]
+
+    def open_shared(self, path: str, size: int, *, writable: bool) -> int:
+        """A file that processes share through a mapping (a lock's counters), grown to
+        at least `size` bytes when writable and never shrunk. Not durable data: no
+        fsync, and a fault model leaves it alone (a power loss ends every process that
+        maps it; an open never trusts what it holds)."""
+        flags = (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY
+        handle = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        if writable and os.fstat(handle).st_size < size:
+            os.ftruncate(handle, size)
+        self._paths[handle] = path
+        return handle
 
     def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
         """flock the file (advisory, per open file, released by close or death).

@@ -72,9 +72,9 @@ class PartitionLock:
         self.handle: int | None = None
         self._map: mmap.mmap | None = None
         if writable:
-            self.handle = fileio.open(self.path, writable=True, create=True)
+            self.handle = fileio.open_shared(self.path, _STATE.size, writable=True)
         elif fileio.exists(self.path):
-            self.handle = fileio.open(self.path, writable=False)
+            self.handle = fileio.open_shared(self.path, _STATE.size, writable=False)
         self.seen: int | None = None  # the counter as this process last left it
         self.held = False
 
@@ -135,10 +135,8 @@ class PartitionLock:
         """The mapping's first fields, as `layout` (default: all of them) reads them."""
         layout = layout or _STATE
         if self._map is None:
-            if self.fileio.size(self.handle) < _STATE.size:
-                if not (self.writable and self.held):
-                    return _EMPTY[:len(layout.format) - 1]  # no writer has used it yet
-                self.fileio.truncate(self.handle, _STATE.size)  # a new (or older) file
+            if self.fileio.size(self.handle) < _STATE.size:  # a writer is creating it
+                return _EMPTY[:len(layout.format) - 1]
             self._map = mmap.mmap(self.handle, _STATE.size, access=mmap.ACCESS_WRITE
                                   if self.writable else mmap.ACCESS_READ)
         return layout.unpack_from(self._map, 0)

@@ -363,6 +363,13 @@ class FaultFileIO:
     def path_of(self, handle: int) -> str:
         return self._inner.path_of(handle)
 
+    def open_shared(self, path: str, size: int, *, writable: bool) -> int:
+        """Not durable data (a lock's counters, mapped by live processes): passed
+        through and never rewritten by a crash, which would pull the pages from under
+        the dead log's mapping."""
+        self._check_alive()
+        return self._inner.open_shared(path, size, writable=writable)
+
     def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
         """Locks are not state a power loss keeps: passed through."""
         self._check_alive()

@@ -176,7 +176,8 @@ def test_the_swarm_reaches_every_operation(tmp_path):
     wanted = [*OPERATIONS, *(f"crash_during_{name}" for name in INTERRUPTIBLE),
               "segments_deleted", "records_lost", "checks", "crashes"]
     total: dict[str, int] = {}
-    for seed in range(8):  # two seeds usually suffice; stop as soon as all is seen
+    # (seeds with a known bug are left out: it stops their run)
+    for seed in [s for s in SEEDS if s not in KNOWN][:8]:  # two usually suffice
         simulator = run(seed, tmp_path / str(seed), 150, verdict=False)
         for name, count in simulator.stats.items():
             total[name] = total.get(name, 0) + count
