@@ -101,8 +101,11 @@ class OsFileIO:
         maps it; an open never trusts what it holds)."""
         flags = (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY
         handle = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-        if writable and os.fstat(handle).st_size < size:
-            os.ftruncate(handle, size)
+        current = os.fstat(handle).st_size if writable else size
+        if current < size:
+            # written, not ftruncated: the block is allocated now, so a full disk fails
+            # here and not later, as a SIGBUS on the mapping
+            os.pwrite(handle, bytes(size - current), current)
         self._paths[handle] = path
         return handle
 
