@@ -85,7 +85,7 @@ class PartitionLock:
             return True  # a read-only view of a log no writer has opened since
         self.fileio.lock(self.handle, exclusive=exclusive)
         self.held = True
-        return self._fields(_U64)[0] != self.seen
+        return self._fields()[0] != self.seen
 
     def tail_state(self) -> TailState | None:
         """The tail state the last holder left, when it let go cleanly."""
@@ -95,7 +95,7 @@ class PartitionLock:
     def bump(self) -> None:
         """Say (before changing any file) that the partition changes."""
         assert self.held and self.writable
-        self.seen = (self._fields(_U64)[0] + 1) & _U64_MAX
+        self.seen = (self._fields()[0] + 1) & _U64_MAX
         _U64.pack_into(self._map, 0, self.seen)
 
     def next_layout(self) -> int:
@@ -131,15 +131,14 @@ class PartitionLock:
             self.fileio.close(self.handle)  # also lets go of the lock
             self.handle, self.held = None, False
 
-    def _fields(self, layout: struct.Struct = None) -> tuple:
-        """The mapping's first fields, as `layout` (default: all of them) reads them."""
-        layout = layout or _STATE
+    def _fields(self) -> tuple:
+        """The mapping's fields (see the class docstring)."""
         if self._map is None:
             if self.fileio.size(self.handle) < _STATE.size:  # a writer is creating it
-                return _EMPTY[:len(layout.format) - 1]
+                return _EMPTY
             self._map = mmap.mmap(self.handle, _STATE.size, access=mmap.ACCESS_WRITE
                                   if self.writable else mmap.ACCESS_READ)
-        return layout.unpack_from(self._map, 0)
+        return _STATE.unpack_from(self._map, 0)
 
 
 class WriterRegistry:

@@ -309,17 +309,23 @@ class Partition:
         job that appends)."""
         return self._exclusive
 
-    def _enter_exclusive(self) -> None:
+    def _enter_exclusive(self, *, changing: bool = True) -> None:
+        """`changing`: the holder is about to change the files (it bumps the counter);
+        False for a poll, which only takes in what others did (what it may cut, a
+        killed writer's half-written tail, that writer's own bump announced)."""
         self._exclusive_depth += 1
         if self._exclusive_depth > 1:
             return
         try:
             changed = self.lock.acquire()
             tail = self.lock.tail_state() if changed else None
-            self.lock.bump()
+            if changing:
+                self.lock.bump()
             if changed and not (tail is not None and self._take_tail(tail)):
                 self._catch_up()
                 self._layout = self.lock.layout()  # this process knows the set now
+            if not changing:
+                self.lock.settle()
         except BaseException:
             self._exit_exclusive(failed=True)
             raise
@@ -368,31 +374,21 @@ class Partition:
         return self.next_offset != before
 
     def _poll_job(self) -> None:
-        with self.exclusive():
-            pass  # entering it catches up
+        self._enter_exclusive(changing=False)  # entering catches up; nothing else to do
+        self._exit_exclusive(failed=False)
 
     def _catch_up(self) -> None:
         """Writer, under the commit lock: take in the frames and segments other
         processes added, the segments their retention removed, and cut what a writer
         killed mid-commit left half-written (recovery.catch_up). Anything else (a
         truncate) and the partition is taken in again as an open would."""
-        names = set(self.fileio.listdir(self.directory))
-        ours, active = self.segments, self.segments.active
-        present = Segments(s for s in ours if os.path.basename(s.path) in names)
-        gone = len(ours) - len(present)
-        if maintenance.INTENT_NAME in names or present != ours[gone:] or active not in present or (
-                self.fileio.size(active.handle) < self.active_position):
+        ours = self.segments
+        segments = self._segments_now(ours.active, writable=True)
+        if segments is None:
             self._reload()
             return
-        active.adopt_size()
-        newer = sorted(b for b in map(parse_segment_name, names)
-                       if b is not None and b > active.base_offset)
-        for segment in ours[:gone]:
-            segment.close()
-        segments = [*present, *(Segment(self.fileio, self.directory, base, writable=True,
-                                        clock=self.clock) for base in newer)]
         self.index.reload_last()
-        start = RecoveryPoint(active.base_offset, self.active_position, self.next_offset,
+        start = RecoveryPoint(ours.active.base_offset, self.active_position, self.next_offset,
                               NO_HWM if self.hwm_us is None else self.hwm_us)
         state, _ = recovery_module.catch_up(segments, self.index, start=start,
                                             chunk_bytes=self.config.read_chunk_bytes)
@@ -405,10 +401,34 @@ class Partition:
             return
         segments[-1].unseal()  # a writer killed between sealing and rolling
         self.active_position = state.end_position
-        if gone:
+        if segments[0] is not ours[0]:  # retention removed some
             self._load_start_hwm()
         self._rederive_commits()
         self.ring.reset(self.next_offset)
+
+    def _segments_now(self, end_segment, *, writable: bool) -> list | None:
+        """The segments as the directory holds them now, when they differ from this
+        process's only as other processes' appends, rolls and retention make them differ
+        (sizes from `end_segment` on, new segments after it, the oldest ones removed);
+        the removed ones are closed. None when anything else changed (a truncate, done
+        or under way): the caller takes the partition in again."""
+        names = set(self.fileio.listdir(self.directory))
+        ours = self.segments
+        present = Segments(s for s in ours if os.path.basename(s.path) in names)
+        gone = len(ours) - len(present)
+        if maintenance.INTENT_NAME in names or present != ours[gone:] or (
+                end_segment not in present) or isinstance(end_segment,
+                                                          maintenance.PatchedSegment) or (
+                self.fileio.size(end_segment.handle) < self.active_position):
+            return None
+        for segment in present[present.index(end_segment):]:
+            segment.adopt_size()
+        newer = sorted(b for b in map(parse_segment_name, names)
+                       if b is not None and b > present.active.base_offset)
+        for segment in ours[:gone]:
+            segment.close()
+        return [*present, *(Segment(self.fileio, self.directory, base, writable=writable,
+                                    clock=self.clock) for base in newer)]
 
     def _reload(self) -> None:
         """Another process truncated the partition (or was killed doing it): take it
@@ -622,29 +642,14 @@ class Partition:
     def _refresh_locked(self) -> bool:
         if self.lock.handle is None and self.fileio.exists(self.lock.path):
             return False  # a writer came since the open: reopen (and take its lock)
-        if not self.segments or self.fileio.exists(os.path.join(self.directory, maintenance.INTENT_NAME)):
+        if not self.segments:
             return False
-        names = set(self.fileio.listdir(self.directory))
         end_segment = self.segments[self._end_number]
-        present = Segments(s for s in self.segments if os.path.basename(s.path) in names)
-        gone = len(self.segments) - len(present)
-        if present != self.segments[gone:] or end_segment not in present or isinstance(
-                end_segment, maintenance.PatchedSegment):
-            return False  # not retention (which removes the oldest only): reopen
-        for segment in present[present.index(end_segment):]:
-            segment.size_bytes = self.fileio.size(segment.handle)
-        if end_segment.size_bytes < self.active_position:
-            return False  # the file shrank under the view: a truncate
-        newer = sorted(b for b in map(parse_segment_name, names)
-                       if b is not None and b > present[-1].base_offset)
-        for segment in self.segments[:gone]:
-            segment.close()
-        self._publish(segments=Segments((*present, *(Segment(self.fileio, self.directory,
-                                                             base, writable=False,
-                                                             clock=self.clock)
-                                                     for base in newer))))
+        segments = self._segments_now(end_segment, writable=False)
+        if segments is None:
+            return False  # not what appends and retention do: reopen
+        self._publish(segments=Segments(segments), start_offset=segments[0].base_offset)
         self._end_number = self.segments.index(end_segment)
-        self._publish(start_offset=self.segments.start_offset)
         self._follow_tail()
         return True
 
