@@ -136,12 +136,9 @@ class Reader:
         partition = self.partition
         if partition.readonly:  # a view's refresh wakes the ring: nothing to poll
             await partition.ring.wait_async(self._wait_offset())
-        else:
-            try:
-                await asyncio.wait_for(partition.ring.wait_async(self._wait_offset()),
-                                       partition.config.follow_poll_s)
-            except asyncio.TimeoutError:
-                await asyncio.to_thread(partition.poll)
+        elif not await partition.ring.wait_async(self._wait_offset(),
+                                                 partition.config.follow_poll_s):
+            await asyncio.to_thread(partition.poll)
         if partition.closed:
             raise LogClosed("the log was closed while following it")
 

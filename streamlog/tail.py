@@ -90,20 +90,29 @@ class TailRing:
             self.changed.wait(timeout)
             return self.end_offset > offset
 
-    async def wait_async(self, offset: int) -> None:
+    async def wait_async(self, offset: int, timeout: float | None = None) -> bool:
+        """`wait` for an event loop. The timeout is a timer on the same future rather
+        than asyncio.wait_for, which (before Python 3.12) can swallow a cancellation that
+        arrives as the wait completes: a cancelled follower would follow on."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self.end_offset > offset or self.closed:
-                return
+            if self.end_offset > offset:
+                return True
+            if self.closed:
+                return False
             future = loop.create_future()
             entry = (loop, future)
             self._async_waiters.append(entry)
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, future)
         try:
             await future
         finally:
+            if timer is not None:
+                timer.cancel()
             with self._lock:
                 if entry in self._async_waiters:
                     self._async_waiters.remove(entry)
+        return self.end_offset > offset
 
 
 def _resolve(future: asyncio.Future) -> None:

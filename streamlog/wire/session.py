@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..appender import Piece
-from ..errors import LogClosed
 from ..records import AppendResult
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
 from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
@@ -433,6 +432,8 @@ class _Subscription:
         slices = reader.slices()  # (columns, lo, hi) or the WAIT sentinel; see reader.py
         server = self.session.server
         while True:
+            if self._ended:  # end() cancels the task; never follow on past an end
+                raise asyncio.CancelledError
             while self.credit <= 0:
                 self.credit_event.clear()
                 await self.credit_event.wait()

@@ -57,3 +57,24 @@ def test_async_waiters_are_resolved_from_another_thread():
 
     asyncio.run(follow())
     assert ring.end_offset == 1
+
+
+def test_async_wait_times_out_and_a_cancel_is_never_swallowed():
+    ring = TailRing(batches_max=10, bytes_max=1 << 20)
+
+    async def scenario():
+        assert await ring.wait_async(0, timeout=0.01) is False  # nothing came
+        # A cancel that lands as the wait is woken must still cancel the waiter (a
+        # follower that ignored it kept a draining daemon alive).
+        waiting = asyncio.ensure_future(ring.wait_async(0, timeout=60))
+        await asyncio.sleep(0)
+        ring.publish([(0, columns(0, 1), None)], 1)  # wakes it (call_soon_threadsafe)
+        waiting.cancel()
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(scenario()) is True
+    assert ring.wait(0, timeout=0)
