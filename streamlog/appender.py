@@ -30,7 +30,7 @@ from .config import Compression, FsyncPolicy, LogConfig
 from .errors import LogClosed, PartitionFailed
 from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame
 from .index import IndexEntry, RecoveryPoint
-from .payload import compress, encode_payload
+from .payload import NO_TIME, advance_hwm, compress, data_timestamps, encode_payload
 from .txn import frame_events
 
 log = logging.getLogger("streamlog.appender")
@@ -315,7 +315,8 @@ class Appender:
                 frame_txn_events in frames:
             events += frame_txn_events
             entries.append(IndexEntry(base, segment.base_offset, position, count,
-                                      len(data), min_ts, max_ts, hwm_after))
+                                      len(data), min_ts, max_ts,
+                                      NO_TIME if hwm_after is None else hwm_after))
             published.append((Frame(position, base, count, min_ts, max_ts, txn_id, flags,
                                     len(raw), raw), hwm_before))
             position += len(data)
@@ -323,7 +324,8 @@ class Appender:
         if self.config.fsync is FsyncPolicy.ALWAYS:
             segment.fsync()
             self.stats["fsyncs"] += 1
-            recovery = RecoveryPoint(segment.base_offset, position, offset, hwm)
+            recovery = RecoveryPoint(segment.base_offset, position, offset,
+                                     NO_TIME if hwm is None else hwm)
         else:
             self._dirty = True
         return Committed(offset, hwm, position, offset - first_offset, entries, events,
@@ -360,7 +362,11 @@ class Appender:
         stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
         ts = np.asarray(timestamps, dtype=np.int64)
         min_ts, max_ts = int(ts.min()), int(ts.max())
-        hwm_after = max_ts if hwm is None else max(hwm, max_ts)
+        if kinds is None:
+            hwm_after = advance_hwm(hwm, max_ts)
+        else:  # control records never move the high-water mark (payload.py)
+            latest = int(data_timestamps(ts, np.asarray(kinds, dtype=np.uint8)).max())
+            hwm_after = advance_hwm(hwm, None if latest == NO_TIME else latest)
         data = encode_frame(base_offset=offset, record_count=len(values),
                             min_timestamp_us=min_ts, max_timestamp_us=max_ts,
                             txn_id=pieces[0].txn_id, flags=stored_flags,

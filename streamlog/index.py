@@ -62,6 +62,7 @@ import lmdb
 import xxhash
 
 from .errors import CorruptIndex
+from .payload import NO_TIME as NO_HWM  # noqa: F401 - the index speaks of NO_HWM
 from .fileio import OsFileIO, write_file_atomic
 from .seal import SealDamaged, decode_seal, encode_seal, hash_file
 
@@ -71,14 +72,14 @@ _RECOVERY = struct.Struct("<QQQq")
 _TXN = struct.Struct("<BQQ")  # state, first data offset, marker offset (0: none)
 _HWM_BIAS = 1 << 63
 # Stands for "no record yet" where a running max must be an int (the recovery point).
-NO_HWM = -(1 << 63)
 assert _ENTRY.size == 48
 assert _RECOVERY.size == 32
 _SUM = struct.Struct("<Q")
 _KEY_BYTES_MAX = 511  # LMDB's own limit
 _VALUE_BYTES_MAX = 4096  # meta values (commit markers) are small
-FORMAT = b"3"  # 2: every value carries a checksum of its key and value;
-#                3: a commit marker is stored with its offset
+FORMAT = b"4"  # 2: every value carries a checksum of its key and value;
+#                3: a commit marker is stored with its offset;
+#                4: control records never move the high-water mark (time keys rebuilt)
 
 
 def _seal(key: bytes, value: bytes) -> bytes:
@@ -398,6 +399,8 @@ class Index:
             assert entries[0].base_offset == self.last_entry.next_offset
         times = []
         for entry in entries:
+            if entry.hwm_after_us == NO_HWM:
+                continue  # no data record yet: nothing to find by time
             if hwm_before is None or entry.hwm_after_us > hwm_before:
                 times.append((entry.hwm_after_us, entry.base_offset))
                 hwm_before = entry.hwm_after_us

@@ -28,7 +28,7 @@ import os
 from . import fileio as fileio_module
 from . import recovery as recovery_module
 from .frame import encode_frame
-from .index import Index, IndexEntry
+from .index import NO_HWM, Index, IndexEntry
 from .payload import Columns, columns_to_records, encode_payload
 from .segments import Segments
 
@@ -119,7 +119,8 @@ def apply_intent(fileio, directory: str, segments: Segments, index: Index, inten
         state, _ = recovery_module.index_from(
             keep, index, number=len(keep) - 1, position=position,
             next_offset=previous.next_offset if previous is not None else segment.base_offset,
-            hwm_us=previous.hwm_after_us if previous is not None else start_hwm_us,
+            hwm_us=(previous.hwm_after_us if previous is not None
+                    and previous.hwm_after_us != NO_HWM else start_hwm_us),
             chunk_bytes=chunk_bytes)
         cut.next_offset, cut.hwm_us = state.next_offset, state.hwm_us
     index.sync()  # before the intent goes: a surviving intent covers the index
@@ -202,7 +203,7 @@ def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
         fileio.rename(oldest.path, doomed)
         fileio.fsync_dir(directory)
         result.segments = result.segments[1:]
-        if last is not None:
+        if last is not None and last.hwm_after_us != NO_HWM:
             result.start_hwm_us = last.hwm_after_us
             index.set_meta("start_hwm", str(last.hwm_after_us).encode())
         index.drop_before(following.base_offset)

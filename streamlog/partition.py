@@ -133,7 +133,8 @@ class Partition:
             if first is None or first.base_offset >= self.start_offset:
                 return
             last_removed = self.index.lookup_offset(self.start_offset - 1)
-            if last_removed is not None and last_removed.next_offset == self.start_offset:
+            if last_removed is not None and last_removed.next_offset == self.start_offset \
+                    and last_removed.hwm_after_us != NO_HWM:
                 # (retention records it before it drops the entries; a crash between
                 # the delete and that left an older, lower mark, or none)
                 self.index.set_meta("start_hwm", str(last_removed.hwm_after_us).encode())

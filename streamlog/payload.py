@@ -223,10 +223,46 @@ def decode_headers(buf) -> tuple[tuple[str, bytes], ...]:
     return tuple(out)
 
 
-def running_max(timestamps_us: np.ndarray, prior_max: int) -> np.ndarray:
-    """High-water mark of each record: max of prior_max and every timestamp up to it."""
-    hwm = np.maximum.accumulate(timestamps_us)
-    return np.maximum(hwm, prior_max)
+# -- the high-water-mark rule (DESIGN 5), in one place ------------------------------
+# A record's high-water mark is the largest timestamp of the DATA records up to it.
+# Control records (commit and abort markers, checkpoint notes, footprints) never move
+# it: a marker written now must not make a replay of last year's data start at its end.
+# The frame header's min/max cover every record (verify checks that), so only a frame
+# with control records needs its payload to say what its data contributes.
+
+NO_TIME = -(1 << 63)  # "no data record yet"; below every valid timestamp (int64 min + 1)
+
+
+def data_timestamps(timestamps_us: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
+    """The timestamps with each control record's replaced by NO_TIME."""
+    if kinds is None:
+        return timestamps_us
+    return np.where(kinds == 0, timestamps_us, NO_TIME)
+
+
+def running_max(columns: "Columns", prior_max: int | None) -> np.ndarray:
+    """High-water mark of each record of a batch: the max of prior_max and every data
+    record's timestamp up to it (NO_TIME while there has been none)."""
+    stamps = data_timestamps(columns.timestamps_us, columns.kinds)
+    hwm = np.maximum.accumulate(stamps)
+    return hwm if prior_max is None else np.maximum(hwm, prior_max)
+
+
+def frame_time_us(frame: Frame) -> int | None:
+    """What a frame adds to the high-water mark: its data records' largest timestamp,
+    None when it holds none. The header says it for a frame without control records."""
+    if not frame.has_control:
+        return frame.max_timestamp_us
+    columns = decode_columns(frame)
+    latest = int(data_timestamps(columns.timestamps_us, columns.kinds).max())
+    return None if latest == NO_TIME else latest
+
+
+def advance_hwm(hwm: int | None, time_us: int | None) -> int | None:
+    """The high-water mark after something that adds `time_us` (None: nothing)."""
+    if time_us is None:
+        return hwm
+    return time_us if hwm is None or time_us > hwm else hwm
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

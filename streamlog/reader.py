@@ -24,7 +24,6 @@ import weakref
 import numpy as np
 
 from .errors import CorruptFrame, CorruptSegment, LogClosed, OffsetOutOfRange
-from .index import NO_HWM
 from .payload import Columns, columns_to_records, decode_columns, running_max
 from .records import RecordKind
 from .txn import TxnState
@@ -258,7 +257,7 @@ class Reader:
             hi = min(hi, self.stop_offset - base)
         if self.stop_timestamp_us is not None or self.start_timestamp_us is not None:
             prior = self._prior_hwm(columns, hwm_before)
-            hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
+            hwm = running_max(columns, prior)
             self._hwm, self._hwm_known = int(hwm[-1]), True
             if self.start_timestamp_us is not None:
                 reached = int(np.searchsorted(hwm, self.start_timestamp_us, side="left"))

@@ -20,7 +20,7 @@ import time
 from .errors import CorruptIndex, CorruptSegment
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .integrity import ACTIONS, Action, IndexClaim, Observation, TailKind, Verdict, decide
-from .payload import decode_columns
+from .payload import advance_hwm, decode_columns, frame_time_us
 from .txn import frame_events
 from .walk import WalkEnd, continues_after, frame_at, observe, walk
 
@@ -232,15 +232,14 @@ def index_from(segments, index: Index, *, number: int, position: int, next_offse
     def index_frames(segment_number: int, frames) -> None:
         entries, events = [], []
         for frame in frames:
-            state.hwm_us = frame.max_timestamp_us if state.hwm_us is None else max(
-                state.hwm_us, frame.max_timestamp_us)
+            state.hwm_us = advance_hwm(state.hwm_us, frame_time_us(frame))
             if frame.base_offset < indexed_to:
                 continue
             events += txn_events(frame)
             entries.append(IndexEntry(frame.base_offset, segments[segment_number].base_offset,
                                       frame.position, frame.record_count, frame.size,
                                       frame.min_timestamp_us, frame.max_timestamp_us,
-                                      state.hwm_us))
+                                      NO_HWM if state.hwm_us is None else state.hwm_us))
         index.put(entries, None, events)
         state.next_offset = frames[-1].next_offset
         state.end_segment, state.end_position = segment_number, frames[-1].end_position

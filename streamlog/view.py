@@ -23,7 +23,8 @@ from .errors import CorruptFrame, CorruptIndex, CorruptSegment, OffsetOutOfRange
 from .frame import HEADER_BYTES, INCOMPLETE, decode_frame, decode_header
 from .index import NO_HWM, Index, IndexEntry
 from .integrity import TailKind
-from .payload import Columns, columns_to_records, decode_columns, running_max
+from .payload import (Columns, advance_hwm, columns_to_records, decode_columns, frame_time_us,
+                      running_max)
 from .records import RecordKind
 from .segment import Segment
 from .segments import Segments
@@ -181,7 +182,7 @@ class View:
             return self.start_hwm_us
         previous = self.entry_for(entry.base_offset - 1)
         if previous is not None:
-            return previous.hwm_after_us
+            return None if previous.hwm_after_us == NO_HWM else previous.hwm_after_us
         return self._scan_hwm(entry.base_offset)
 
     def hwm_before_offset(self, base_offset: int) -> int | None:
@@ -231,7 +232,7 @@ class View:
         for frame in self.disk_frames(self.start_offset):
             if frame.base_offset >= offset:
                 break
-            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
+            hwm = advance_hwm(hwm, frame_time_us(frame))
         return hwm
 
     def offset_for_timestamp(self, timestamp_us: int) -> int:
@@ -243,7 +244,7 @@ class View:
             return self.end_offset
         columns = self.read_batch(entry)
         prior = self.hwm_before(entry)
-        hwm = running_max(columns.timestamps_us, NO_HWM if prior is None else prior)
+        hwm = running_max(columns, prior)
         at = int(np.searchsorted(hwm, timestamp_us, side="left"))
         assert at < len(hwm)  # this batch reaches timestamp_us (checked by _time_entry)
         return max(entry.base_offset + at, self.start_offset)
@@ -275,8 +276,8 @@ class View:
     def _scan_time_entry(self, timestamp_us: int) -> IndexEntry | None:
         hwm = self.start_hwm_us
         for frame in self.disk_frames(self.start_offset):
-            hwm = frame.max_timestamp_us if hwm is None else max(hwm, frame.max_timestamp_us)
-            if hwm >= timestamp_us:
+            hwm = advance_hwm(hwm, frame_time_us(frame))
+            if hwm is not None and hwm >= timestamp_us:
                 segment = self.segment_holding(frame.base_offset)
                 return IndexEntry(frame.base_offset, segment.base_offset, frame.position,
                                   frame.record_count, frame.size, frame.min_timestamp_us,

@@ -82,8 +82,7 @@ def _known(*kinds: str, bug: str = "") -> Known:
 
 HWM, COMMIT, TXN, STABLE = "high-water-mark", "last-commit", "truncate-open-txn", "stable-offset"
 KNOWN: dict[int, Known] = {
-    0: _known(bug="commit-lost-to-retention-then-truncate"), 6: _known(HWM), 7: _known(HWM), 15: _known(HWM), 16: _known(HWM),
-    23: _known(HWM), 26: _known(HWM), 29: _known(HWM), 30: _known(HWM),
+    0: _known(bug="commit-lost-to-retention-then-truncate"),
     14: _known(bug="commit-lost-to-retention-then-truncate"),
 }
 

@@ -17,8 +17,9 @@ from streamlog.arrowconv import SCHEMA, SCHEMA_WITH_HEADERS, columns_to_arrow
 from streamlog.errors import CorruptFrame
 from streamlog.frame import (CODEC_NONE, CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS,
                              decode_frame, encode_frame)
-from streamlog.payload import (columns_to_records, compress, decode_columns, decode_headers,
-                               encode_headers, encode_payload, running_max)
+from streamlog.payload import (NO_TIME, advance_hwm, columns_to_records, compress,
+                               decode_columns, decode_headers, encode_headers,
+                               encode_payload, frame_time_us, running_max)
 from streamlog.records import Record, RecordKind
 
 
@@ -139,9 +140,27 @@ def test_compress_only_when_it_pays():
 
 
 def test_running_max():
-    timestamps = np.array([5, 3, 7, 7, 1, 9], dtype=np.int64)
-    assert running_max(timestamps, -(1 << 63)).tolist() == [5, 5, 7, 7, 7, 9]
-    assert running_max(timestamps, 8).tolist() == [8, 8, 8, 8, 8, 9]
+    columns = decode_columns(frame_of([5, 3, 7, 7, 1, 9], [None] * 6, [b""] * 6))
+    assert running_max(columns, None).tolist() == [5, 5, 7, 7, 7, 9]
+    assert running_max(columns, 8).tolist() == [8, 8, 8, 8, 8, 9]
+
+
+def test_control_records_never_move_the_high_water_mark():
+    """DESIGN 5: a marker written now (its timestamp the wall clock) leaves the mark."""
+    now = 1_800_000_000_000_000
+    data, control = RecordKind.DATA, RecordKind.COMMIT
+    mixed = frame_of([now, 5, now, 9, 1], [None] * 5, [b""] * 5,
+                     kinds=[control, data, control, data, data])
+    columns = decode_columns(mixed)
+    assert running_max(columns, None).tolist() == [NO_TIME, 5, 5, 9, 9]
+    assert running_max(columns, 7).tolist() == [7, 7, 7, 9, 9]
+    assert mixed.max_timestamp_us == now  # the header covers every record
+    assert frame_time_us(mixed) == 9
+    only_markers = frame_of([now], [None], [b""], kinds=[control])
+    assert frame_time_us(only_markers) is None
+    assert frame_time_us(frame_of([3, 4], [None] * 2, [b""] * 2)) == 4
+    assert advance_hwm(None, None) is None and advance_hwm(5, None) == 5
+    assert advance_hwm(None, 4) == 4 and advance_hwm(5, 4) == 5 and advance_hwm(5, 6) == 6
 
 
 def test_headers_codec():
