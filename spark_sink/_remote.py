@@ -20,13 +20,21 @@ or its replay is cut short. The end offset in the marker is the partition's end 
 the commit began, for a reader's information only (others may append to a daemon's
 log concurrently, so nothing here relies on it).
 
+Transactional producers (DESIGN 6): a streaming task appends to log partition p as the
+producer `"<tag>/<p>/<task's Spark partition id>"`, a transactional id stable across the
+query's restarts and the task's retries. Starting it (Log.init_producer) aborts at
+once what an earlier attempt of the same task left open (a failed task, a killed
+driver), and fences that attempt: its later appends and commits are refused. So a crash
+never hides committed data from read_committed readers beyond the restart. A commit
+that died part way may have had some of its listed transactions aborted so by the
+replay's tasks: the replay then commits the new transactions of exactly those tasks
+(their rows are the same: see _commit.py on replays) and aborts the others.
+
 Only the transactional mode exists here: truncate mode would cut a log that other
 clients of the daemon may be appending to.
 
-Limit: a task killed between its appends and the end of the micro-batch (or a driver
-that dies before committing) leaves its transactions open in the daemon until the
-daemon restarts (its recovery aborts them); until then read_committed readers of that
-partition stop at their first record.
+Limit: a batch df.write (no stable id) that dies leaves its transactions open in the
+daemon until its --txn-timeout-s or its restart (recovery aborts them).
 """
 
 from __future__ import annotations
@@ -66,11 +74,19 @@ def ensure_stream_remote(options) -> int:
     return count
 
 
-def append_task(options, columns, iterator) -> dict[int, list[int]]:
-    """Append one task's rows, each partition's under its own fresh transaction, left
-    open. Returns {partition: [txn id, rows]}. On an error the task's transactions are
-    aborted before it propagates."""
-    txns: dict[int, list[int]] = {}
+def producer_id(tag: str, number: int, task: int) -> str:
+    """The transactional id of a streaming task writing log partition `number`."""
+    return f"{tag}/{number}/{task}"
+
+
+def append_task(options, columns, iterator, *, tag: str | None = None,
+                task: int | None = None) -> dict[int, list]:
+    """Append one task's rows, each partition's under its own transaction, left open.
+    With `tag` and `task` (a streaming task: its query and Spark partition id) each
+    transaction is begun by the task's producer for that partition (module docstring).
+    Returns {partition: [txn id, rows, task or None]}. On an error the task's
+    transactions are aborted before it propagates."""
+    txns: dict[int, list] = {}
     with open_remote_writable(options) as target:
         try:
             for batch in iterator:
@@ -79,7 +95,7 @@ def append_task(options, columns, iterator) -> dict[int, list[int]]:
                     continue
                 for number, run in split_by_partition(staged):
                     if number not in txns:
-                        txns[number] = [target.new_txn_id(), 0]
+                        txns[number] = _begin(target, options.stream, number, tag, task)
                     for chunk in _chunks([run], CHUNK_ROWS):
                         values, keys, timestamps, headers = _python_columns(chunk)
                         target.append_batch_sync(options.stream, values, keys=keys,
@@ -92,30 +108,54 @@ def append_task(options, columns, iterator) -> dict[int, list[int]]:
     return txns
 
 
+def _begin(target, stream: str, number: int, tag: str | None, task: int | None) -> list:
+    if tag is None or task is None:
+        return [target.new_txn_id(), 0, None]
+    producer = producer_id(tag, number, task)
+    epoch = target.init_producer(stream, number, producer)
+    return [target.begin_txn(stream, number, producer, epoch), 0, task]
+
+
 def txns_of(task_txns) -> dict[int, list[int]]:
-    """{partition: sorted txn ids} over tasks' {partition: [txn id, rows]} maps."""
+    """{partition: sorted txn ids} over tasks' {partition: [txn id, rows, ...]} maps."""
     out: dict[int, set[int]] = {}
     for txns in task_txns:
-        for number, (txn_id, _rows) in (txns or {}).items():
-            out.setdefault(int(number), set()).add(int(txn_id))
+        for number, entry in (txns or {}).items():
+            out.setdefault(int(number), set()).add(int(entry[0]))
     return {number: sorted(ids) for number, ids in out.items()}
 
 
-def encode_marker(batch_id: int, end: int, txn_ids) -> bytes:
-    return f"{batch_id} {end} {','.join(f'{t:x}' for t in txn_ids)}".encode("ascii")
+def tasks_of(task_txns) -> dict[tuple[int, int], int]:
+    """{(partition, txn id): task} of the transactions tasks' producers began."""
+    return {(int(number), int(entry[0])): int(entry[2])
+            for txns in task_txns for number, entry in (txns or {}).items()
+            if len(entry) > 2 and entry[2] is not None}
 
 
-def parse_marker(marker: bytes | None) -> tuple[int, list[int]] | None:
-    """(batch id, txn ids) from a marker, or None. A marker of two fields (batch and
-    offset, as the local sink writes) names no transactions."""
+def encode_marker(batch_id: int, end: int, txn_ids, tasks=None) -> bytes:
+    """`<batch> <end> <txn>[@<task>],...` (hex ids; the task whose producer began it)."""
+    tasks = tasks or {}
+    listed = ",".join(f"{t:x}" + (f"@{tasks[t]}" if t in tasks else "") for t in txn_ids)
+    return f"{batch_id} {end} {listed}".encode("ascii")
+
+
+def parse_marker(marker: bytes | None) -> tuple[int, list[int], dict[int, int]] | None:
+    """(batch id, txn ids, {txn id: task}) from a marker, or None. A marker of two
+    fields (batch and offset, as the local sink writes) names no transactions."""
     if marker is None:
         return None
     try:
         fields = marker.decode("ascii").split()
         if len(fields) == 2:
-            return int(fields[0]), []
+            return int(fields[0]), [], {}
         batch, _end, listed = fields
-        return int(batch), [int(t, 16) for t in listed.split(",") if t]
+        txns, tasks = [], {}
+        for item in filter(None, listed.split(",")):
+            txn, _, task = item.partition("@")
+            txns.append(int(txn, 16))
+            if task:
+                tasks[txns[-1]] = int(task)
+        return int(batch), txns, tasks
     except ValueError:
         raise StreamLogError(f"a commit marker of this query is not ours: {marker!r}; "
                              f"another writer uses the same transactionalId") from None
@@ -126,7 +166,7 @@ def commit_streaming(options, task_txns, batch_id: int, tag: str) -> dict:
     docstring). Returns {partition: outcome}: "committed", "completed" (a cut-short
     commit of this batch finished), or "skipped" (already committed)."""
     assert batch_id >= 0
-    ours = txns_of(task_txns)
+    ours, tasks = txns_of(task_txns), tasks_of(task_txns)
     outcomes = {}
     with open_remote_writable(options) as target:
         stream = options.stream
@@ -138,28 +178,51 @@ def commit_streaming(options, task_txns, batch_id: int, tag: str) -> dict:
                 outcomes[number] = "skipped"
                 continue
             if last is not None and last[0] == batch_id:
-                listed = last[1]
-                pending = [t for t in listed
-                           if target.txn_state(stream, number, t) == TxnState.OPEN]
-                lost = [t for t in listed if target.txn_state(stream, number, t)
-                        not in (TxnState.OPEN, TxnState.COMMITTED)]
-                if lost:
-                    raise StreamLogError(
-                        f"streamlog sink: micro-batch {batch_id} of {tag} in "
-                        f"{stream}/{number} was committed in part, and transaction(s) "
-                        f"{', '.join(f'{t:x}' for t in lost)} of it can no longer be "
-                        f"committed; the batch cannot be completed exactly once")
-                marker = target.last_commit(stream, number, tag)
-                for txn_id in pending:
-                    target.commit_txn(stream, number, txn_id, tag=tag, marker=marker)
-                _abort_all(target, stream, {number: [t for t in mine if t not in listed]})
-                outcomes[number] = "completed" if pending else "skipped"
+                outcomes[number] = _complete(target, stream, number, batch_id, tag, mine,
+                                             last, tasks)
                 continue
-            marker = encode_marker(batch_id, target.end_offset(stream, number), mine)
+            marker = encode_marker(batch_id, target.end_offset(stream, number), mine,
+                                   {t: tasks[(number, t)] for t in mine if (number, t) in tasks})
             for txn_id in mine:
                 target.commit_txn(stream, number, txn_id, tag=tag, marker=marker)
             outcomes[number] = "committed"
     return outcomes
+
+
+def _complete(target, stream: str, number: int, batch_id: int, tag: str, mine: list[int],
+              last, tasks: dict) -> str:
+    """A marker of this very batch exists in the partition: an earlier commit of it
+    died part way (or finished, and Spark replays it). Commit what it left open; where
+    the replay's tasks fenced and aborted a listed transaction, commit the replay's
+    transaction of the same task instead (the marker names each one's task); abort the
+    rest of the replay's."""
+    _, listed, listed_tasks = last
+    states = {t: target.txn_state(stream, number, t) for t in listed}
+    pending = [t for t in listed if states[t] == TxnState.OPEN]
+    lost = [t for t in listed if states[t] not in (TxnState.OPEN, TxnState.COMMITTED)]
+    by_task = {tasks[(number, t)]: t for t in mine if (number, t) in tasks}
+    replacements = []
+    for txn_id in lost:
+        task = listed_tasks.get(txn_id)
+        if task not in by_task:
+            raise StreamLogError(
+                f"streamlog sink: micro-batch {batch_id} of {tag} in {stream}/{number} was "
+                f"committed in part, and transaction {txn_id:x} of it can no longer be "
+                f"committed nor replaced by the replay's; the batch cannot be completed "
+                f"exactly once")
+        replacements.append(by_task[task])
+    marker = target.last_commit(stream, number, tag)
+    for txn_id in pending:
+        target.commit_txn(stream, number, txn_id, tag=tag, marker=marker)
+    if replacements:  # the marker now names them in place of the lost ones
+        now = [t for t in listed if t not in lost] + replacements
+        named = {t: listed_tasks[t] for t in listed if t in listed_tasks and t not in lost}
+        named.update({t: tasks[(number, t)] for t in replacements})
+        marker = encode_marker(batch_id, target.end_offset(stream, number), sorted(now), named)
+        for txn_id in sorted(replacements):
+            target.commit_txn(stream, number, txn_id, tag=tag, marker=marker)
+    _abort_all(target, stream, {number: [t for t in mine if t not in replacements]})
+    return "completed" if pending or replacements else "skipped"
 
 
 def commit_once(options, task_txns, tag: str, note: str) -> None:

@@ -67,10 +67,12 @@ class _Common:
                  else ensure_stream(self.options))
         self.columns = ColumnMap.from_schema(schema, count)
 
-    def _stage(self, iterator, directory: str) -> Staged:
-        if self.remote:
-            txns = _remote.append_task(self.options, self.columns, iterator)
-            return Staged(None, {p: rows for p, (_txn, rows) in txns.items()}, txns=txns)
+    def _stage(self, iterator, directory: str, *, tag: str | None = None,
+               task: int | None = None) -> Staged:
+        if self.remote:  # a streaming task writes as its producers (_remote.py)
+            txns = _remote.append_task(self.options, self.columns, iterator, tag=tag,
+                                       task=task)
+            return Staged(None, {p: entry[1] for p, entry in txns.items()}, txns=txns)
         stager = Stager(directory, staged_schema(self.columns.headers is not None))
         for batch in iterator:
             stager.write(self.columns.stage(batch))
@@ -126,7 +128,8 @@ class StreamWriter(_Common, DataSourceStreamArrowWriter):
         batch = context.getLocalProperty("streaming.sql.batchId") if context else None
         tag = self.options.transactional_id or query
         if self.remote:
-            staged = self._stage(iterator, "")
+            staged = self._stage(iterator, "", tag=tag,
+                                 task=context.partitionId() if context else None)
             staged.tag = tag
             staged.batch_id = int(batch) if batch and batch.isdigit() else None
             return staged

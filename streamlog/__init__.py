@@ -13,7 +13,8 @@ from .api import LogAPI
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
                      InvalidAppend, InvalidArgument, LogClosed, LogLocked, OffsetOutOfRange,
-                     PartitionFailed, ReadOnlyLog, StreamLogError, UnknownStream)
+                     PartitionFailed, ProducerFenced, ReadOnlyLog, StreamLogError,
+                     UnknownStream)
 from .log import Log, open_log, partition_for_key, writer_in_this_process
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
@@ -23,5 +24,6 @@ __all__ = [
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",
+    "ProducerFenced",
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
 ]

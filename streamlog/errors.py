@@ -55,6 +55,11 @@ class PartitionFailed(StreamLogError):
     """
 
 
+class ProducerFenced(StreamLogError):
+    """A producer with the same transactional id started after this one (DESIGN 6): this
+    one's transactions were aborted, and its appends and commits are refused."""
+
+
 class CorruptionError(StreamLogError):
     """Bytes on disk are not what the log wrote."""
 

@@ -41,7 +41,6 @@ from . import validate
 from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN, as_bytes as _as_bytes
 from .validate import len_or_zero as _len_or_zero
 from .records import AppendResult, RecordKind, RecordPosition
-from .txn import TxnState
 
 FORMAT = {"format": "streamlog", "version": 1}
 
@@ -404,6 +403,7 @@ class Log:
             pieces[number] = _cut(rows, values, keys, timestamps, headers, kinds, txn_id,
                                   self.config)
             if txn_id:
+                partitions[number].check_appendable(txn_id)
                 partitions[number].txns_written_here.add(txn_id)
         return partitions, pieces
 
@@ -481,18 +481,40 @@ class Log:
     def commit_txn(self, stream: str, partition: int, txn_id: int, *, tag: str = "",
                    marker: bytes = b"") -> int:
         """Append the COMMIT marker of an open transaction; returns its offset once
-        durable. `tag`/`marker` are remembered for last_commit(tag)."""
-        part = self._open_txn(stream, partition, txn_id)
+        durable. `tag`/`marker` are remembered for last_commit(tag). ProducerFenced when
+        the transaction's producer was fenced (init_producer)."""
         if not isinstance(tag, str) or len(tag.encode()) >= 1 << 16:
             raise InvalidArgument("tag must be a str shorter than 64 KiB")
-        from .txn import encode_commit
-        return part.append_marker(txn_id, RecordKind.COMMIT,
-                                  encode_commit(tag, _as_bytes(marker, "marker", 0)))
+        if tag.startswith(txn_module.PRODUCER_TAG_PREFIX):
+            raise InvalidArgument(f"tags starting with {txn_module.PRODUCER_TAG_PREFIX!r} "
+                                  f"are reserved for producers' fences")
+        return self._txn_partition(stream, partition, txn_id).end_txn(
+            txn_id, RecordKind.COMMIT,
+            txn_module.encode_commit(tag, _as_bytes(marker, "marker", 0)))
 
     def abort_txn(self, stream: str, partition: int, txn_id: int) -> int:
         """Append the ABORT marker of an open transaction: its data is never visible."""
-        return self._open_txn(stream, partition, txn_id).append_marker(
-            txn_id, RecordKind.ABORT, b"")
+        return self._txn_partition(stream, partition, txn_id).end_txn(txn_id,
+                                                                      RecordKind.ABORT)
+
+    def init_producer(self, stream: str, partition: int, transactional_id: str) -> int:
+        """Start a transactional producer (DESIGN 6, txn.py): abort at once the open
+        transactions that earlier producers with this id began in the partition, and
+        fence them (their later begins, appends and commits raise ProducerFenced).
+        Returns this producer's epoch, for begin_txn."""
+        return self.partition(stream, partition).init_producer(
+            txn_module.check_transactional_id(transactional_id))
+
+    def begin_txn(self, stream: str, partition: int, transactional_id: str,
+                  epoch: int) -> int:
+        """Open a transaction of the producer (transactional_id, epoch) and return its
+        id: append under it, then commit_txn or abort_txn. ProducerFenced when a later
+        producer with the id has started."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgument(f"epoch must be an int >= 0, from init_producer "
+                                  f"(got {epoch!r})")
+        return self.partition(stream, partition).begin_txn(
+            txn_module.check_transactional_id(transactional_id), epoch)
 
     def txn_state(self, stream: str, partition: int, txn_id: int):
         """TxnState of a transaction in a partition, or None when it has no data there."""
@@ -519,20 +541,10 @@ class Log:
         """Marker of the latest commit made with `tag` in the partition, or None."""
         return self.partition(stream, partition).last_commit(tag)
 
-    def _open_txn(self, stream: str, partition: int, txn_id: int):
-        part = self.partition(stream, partition)
+    def _txn_partition(self, stream: str, partition: int, txn_id: int):
         if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 < txn_id < 1 << 64:
             raise InvalidArgument(f"txn_id must be an int in 1..2**64-1 (got {txn_id!r})")
-        state = part.txn_state(txn_id)
-        if state is TxnState.OPEN and txn_id not in part.txns_written_here:
-            # Known open only from the index (this process wrote none of its data): no
-            # marker is written on the strength of index data alone (DESIGN 4).
-            found = part.derive_txn(txn_id, part.txn_first_offset(txn_id))
-            state = None if found is None else TxnState(found[0])
-        if state is not TxnState.OPEN:
-            what = "has no data" if state is None else f"is {state.name.lower()}"
-            raise InvalidArgument(f"transaction {txn_id:#x} {what} in {part.name}")
-        return part
+        return self.partition(stream, partition)
 
     # -- maintenance ----------------------------------------------------------------
 

@@ -26,12 +26,13 @@ import threading
 from . import maintenance
 from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
-from .txn import TxnState
+from .txn import (TxnState, encode_begin, encode_commit, encode_epoch, new_txn_id,
+                  producer_tag, random_txn_id)
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
 from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
-                     PartitionFailed, ReadOnlyLog)
+                     PartitionFailed, ProducerFenced, ReadOnlyLog)
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
@@ -190,6 +191,107 @@ class Partition:
 
     def append_marker(self, txn_id: int, kind, value: bytes) -> int:
         return self.submit([self._marker_piece(txn_id, kind, value)])
+
+    # -- transactions: each decision taken under the commit lock (txn.py) ------------
+
+    def confirmed_txn_state(self, txn_id: int):
+        """TxnState of a transaction (None: no data here). An OPEN that only the index
+        says, for a transaction this process wrote none of, is confirmed from the
+        segments: no marker is written on the strength of index data alone (DESIGN 4)."""
+        state = self.txn_state(txn_id)
+        if state is TxnState.OPEN and txn_id not in self.txns_written_here:
+            found = self.derive_txn(txn_id, self.txn_first_offset(txn_id))
+            state = None if found is None else TxnState(found[0])
+        return state
+
+    def end_txn(self, txn_id: int, kind: RecordKind, value: bytes = b"") -> int:
+        """Write a transaction's COMMIT or ABORT marker; returns its offset. That it is
+        still open (and, for a commit, that its producer was not fenced) is decided on
+        the writer thread under the commit lock, after taking in what other processes
+        wrote: a marker never races another process's abort or fence."""
+        def job() -> int:
+            with self.exclusive():
+                self._check_open(txn_id)
+                if kind == RecordKind.COMMIT:
+                    producer = self.view().producer_of(txn_id)
+                    if producer is not None:
+                        self._check_epoch(*producer)
+                return self.appender.write_from_job([self._marker_piece(txn_id, kind, value)])
+        return self.run_job(job)
+
+    def init_producer(self, transactional_id: str) -> int:
+        """Start a producer with a transactional id: abort the open transactions that
+        earlier producers with the id began, write its fence; returns its epoch."""
+        def job() -> int:
+            with self.exclusive():
+                view = self.view()
+                pieces = []
+                for txn_id in sorted(view.open_txn_candidates()):
+                    if self.confirmed_txn_state(txn_id) is TxnState.OPEN and (
+                            view.producer_of(txn_id) or ("",))[0] == transactional_id:
+                        pieces.append(self._marker_piece(txn_id, RecordKind.ABORT, b""))
+                epoch = self.next_offset + len(pieces)  # the fence's own offset
+                fence = new_txn_id()
+                name = transactional_id.encode()
+                pieces.append(Piece([self.clock.wall_us()] * 2, [None, None],
+                                    [name, encode_commit(producer_tag(transactional_id),
+                                                         encode_epoch(epoch))],
+                                    [int(RecordKind.PRODUCER), int(RecordKind.COMMIT)], None,
+                                    len(name) + 64 + 2 * 24, fence))
+                first = self.appender.write_from_job(pieces)
+                assert first + len(pieces) - 1 == epoch
+                if len(pieces) > 1:
+                    log.info("%s: producer %r (epoch %d) aborted %d open transaction(s) of "
+                             "its predecessors", self.name, transactional_id, epoch,
+                             len(pieces) - 1)
+                return epoch
+        return self.run_job(job)
+
+    def begin_txn(self, transactional_id: str, epoch: int) -> int:
+        """Open a transaction of the producer (transactional_id, epoch) with its BEGIN
+        record; returns the transaction id. ProducerFenced when a later producer with
+        the id has started."""
+        def job() -> int:
+            with self.exclusive():
+                self._check_epoch(transactional_id, epoch)
+                txn_id, value = random_txn_id(63), encode_begin(transactional_id, epoch)
+                self.txns_written_here.add(txn_id)
+                self.appender.write_from_job([Piece(
+                    [self.clock.wall_us()], [None], [value], [int(RecordKind.BEGIN)], None,
+                    len(value) + 24, txn_id)])
+                return txn_id
+        return self.run_job(job)
+
+    def check_appendable(self, txn_id: int) -> None:
+        """Before an append under a transaction this process did not begin here: it
+        must not have ended (a fenced producer's were aborted). Checked ahead of the
+        write: an append that races an abort lands after the marker, where no reader
+        ever sees it (the first marker decides a transaction's state)."""
+        state = self.txn_state(txn_id)
+        if state is None or state is TxnState.OPEN:
+            return
+        producer = self.view().producer_of(txn_id)
+        if producer is not None:
+            self._check_epoch(*producer)
+        raise InvalidArgument(f"transaction {txn_id:#x} is {state.name.lower()} in "
+                              f"{self.name}: nothing more can be appended to it")
+
+    def _check_open(self, txn_id: int) -> None:
+        state = self.confirmed_txn_state(txn_id)
+        if state is not TxnState.OPEN:
+            producer = self.view().producer_of(txn_id) if state is not None else None
+            if producer is not None:
+                self._check_epoch(*producer)
+            what = "has no data" if state is None else f"is {state.name.lower()}"
+            raise InvalidArgument(f"transaction {txn_id:#x} {what} in {self.name}")
+
+    def _check_epoch(self, transactional_id: str, epoch: int) -> None:
+        latest = self.view().producer_epoch(transactional_id)
+        if latest is not None and epoch != latest:
+            raise ProducerFenced(
+                f"producer {transactional_id!r} of {self.name} with epoch {epoch} was "
+                f"fenced: a producer with the same transactional id started at epoch "
+                f"{latest} and aborted this one's open transactions")
 
     def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
         return Piece([self.clock.wall_us()], [None], [value], [int(kind)], None,

@@ -20,6 +20,14 @@ class RecordKind(enum.IntEnum):
     G_OPEN = 3  # CEC footprint written when a window opens
     G_CHECK = 4  # CEC footprint written for a slow window
     CHECKPOINT = 5  # operator checkpoint note (CRB)
+    PRODUCER = 6  # a transactional producer's fence; value = its transactional id (txn.py)
+    BEGIN = 7  # opens a transactional producer's transaction; value = txn.encode_begin
+
+    @property
+    def appendable(self) -> bool:
+        """False for the kinds only the log writes (init_producer, begin_txn): a forged
+        fence or BEGIN could otherwise abort or fence another producer."""
+        return self not in (RecordKind.PRODUCER, RecordKind.BEGIN)
 
     @property
     def is_control(self) -> bool:

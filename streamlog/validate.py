@@ -15,7 +15,7 @@ from .records import RecordKind
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 BYTES_TYPES = (bytes, bytearray, memoryview)
 KEY_TYPES = {bytes, type(None)}
-KIND_VALUES = frozenset(int(kind) for kind in RecordKind)
+KIND_VALUES = frozenset(int(kind) for kind in RecordKind if kind.appendable)
 
 
 def column(column, n: int, name: str):
@@ -116,6 +116,11 @@ def record_kinds(kinds) -> list[int]:
     if set(kinds) <= KIND_VALUES and bool not in set(map(type, kinds)):
         return list(map(int, kinds))  # RecordKind members hash and compare as their ints
     try:
-        return [int(RecordKind(not_bool(k))) for k in kinds]
+        out = [RecordKind(not_bool(k)) for k in kinds]
     except (ValueError, TypeError) as error:
         raise InvalidAppend(f"bad record kind: {error}") from None
+    for kind in out:
+        if not kind.appendable:
+            raise InvalidAppend(f"records of kind {kind.name} are written by init_producer "
+                                f"and begin_txn only")
+    return list(map(int, out))

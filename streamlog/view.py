@@ -28,7 +28,7 @@ from .payload import (Columns, advance_hwm, columns_to_records, decode_columns, 
 from .records import RecordKind
 from .segment import Segment
 from .segments import Segments
-from .txn import TxnState, decode_commit
+from .txn import TxnState, decode_begin, decode_commit, decode_epoch, producer_tag
 
 log = logging.getLogger("streamlog.partition")
 
@@ -157,6 +157,24 @@ class View:
         (record,) = columns_to_records(columns, 0, offset - entry.base_offset,
                                        offset - entry.base_offset + 1, data_only=False)
         return decode_commit(record.value) if record.kind == RecordKind.COMMIT else None
+
+    def producer_epoch(self, transactional_id: str) -> int | None:
+        """The latest epoch of a transactional id (the offset of its latest fence), or
+        None when no producer with the id started here (txn.py)."""
+        return decode_epoch(self.last_commit(producer_tag(transactional_id)))
+
+    def producer_of(self, txn_id: int) -> tuple[str, int] | None:
+        """(transactional id, epoch) of the producer that began a transaction, read from
+        its first record (a BEGIN); None for a transaction begun without one."""
+        first = self.txn_first_offset(txn_id)
+        if not self.start_offset <= first < self.end_offset:
+            return None
+        entry, columns = self.batch_holding(first)
+        if columns.txn_id != txn_id or columns.kinds is None:
+            return None
+        (record,) = columns_to_records(columns, 0, first - entry.base_offset,
+                                       first - entry.base_offset + 1, data_only=False)
+        return decode_begin(record.value) if record.kind == RecordKind.BEGIN else None
 
     def scan_last_commit(self, tag: str) -> tuple[int, bytes] | None:
         """(offset, marker) of the latest commit under `tag` in the segments."""

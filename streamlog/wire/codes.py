@@ -24,8 +24,8 @@ from __future__ import annotations
 import enum
 
 from ..errors import (CorruptionError, InvalidAppend, InvalidArgument, LogClosed,
-                      OffsetOutOfRange, PartitionFailed, ReadOnlyLog, StreamLogError,
-                      UnknownStream)
+                      OffsetOutOfRange, PartitionFailed, ProducerFenced, ReadOnlyLog,
+                      StreamLogError, UnknownStream)
 
 
 class MessageType(enum.IntEnum):
@@ -47,6 +47,8 @@ class MessageType(enum.IntEnum):
     LAST_COMMIT = 14
     TRUNCATE_AFTER = 15
     TXN_STATE = 16
+    INIT_PRODUCER = 17
+    BEGIN_TXN = 18
     HELLO_OK = 64
     PONG = 65
     ERROR = 66
@@ -83,6 +85,7 @@ class ErrorCode(enum.IntEnum):
     PARTITION_FAILED = 16
     CORRUPTION = 17
     STREAMLOG_ERROR = 18
+    PRODUCER_FENCED = 19
 
 
 # -- the wire's own exceptions ---------------------------------------------------------
@@ -141,6 +144,7 @@ ERRORS: tuple[tuple[ErrorCode, type[StreamLogError]], ...] = (
     (ErrorCode.READ_ONLY, ReadOnlyLog),
     (ErrorCode.PARTITION_FAILED, PartitionFailed),
     (ErrorCode.CORRUPTION, CorruptionError),
+    (ErrorCode.PRODUCER_FENCED, ProducerFenced),
     (ErrorCode.STREAMLOG_ERROR, StreamLogError),
 )
 

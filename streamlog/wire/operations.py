@@ -254,6 +254,7 @@ def _partition_count(counts: dict[str, int], arguments) -> int:
 
 
 STREAM, PARTITION, TXN_ID = ("stream", "str"), ("partition", "u32"), ("txn_id", "u64")
+TRANSACTIONAL_ID = ("transactional_id", "str")
 
 OPERATIONS = OperationTable([
     Operation(MessageType.CREATE_STREAM, (("name", "str"), ("partitions", "u32")), INT,
@@ -271,6 +272,10 @@ OPERATIONS = OperationTable([
               writable=True),
     Operation(MessageType.ABORT_TXN, (STREAM, PARTITION, TXN_ID), INT, writable=True),
     Operation(MessageType.TXN_STATE, (STREAM, PARTITION, TXN_ID), optional_enum(TxnState)),
+    Operation(MessageType.INIT_PRODUCER, (STREAM, PARTITION, TRANSACTIONAL_ID), INT,
+              writable=True),
+    Operation(MessageType.BEGIN_TXN, (STREAM, PARTITION, TRANSACTIONAL_ID, ("epoch", "i64")),
+              INT, writable=True),
     Operation(MessageType.LAST_COMMIT, (STREAM, PARTITION, ("tag", "str")), OPTIONAL_BYTES),
     Operation(MessageType.TRUNCATE_AFTER, (STREAM, PARTITION, ("offset", "i64")), INT,
               writable=True),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..appender import Piece
-from ..records import AppendResult
+from ..records import AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
 from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
 from .connection import CLOSED, DONE, ERROR, NEED_DATA, Connection
@@ -299,12 +299,18 @@ class Session:
         except LocalProtocolError as error:
             log.error("send_refused", extra={"fields": {"peer": self.peer,
                                                         "reason": str(error)}})
+            if not isinstance(message, Error):  # the request is answered, never dropped
+                self.send(Error(message.request_id, int(ErrorCode.INTERNAL),
+                                f"the daemon could not encode its reply: {error}"))
             return
         for part in parts:
             self.writer.write(part)
 
 
 # -- appends ---------------------------------------------------------------------------
+
+APPENDABLE = np.array([RecordKind(k).appendable if k in set(RecordKind) else False
+                       for k in range(256)])
 
 async def _append_records(log, message: Append) -> AppendResult:
     """Append an APPEND's records. The common case (one partition named or implied, no
@@ -333,8 +339,9 @@ def _direct_piece(log, message: Append):
     minimum; kinds were checked when the payload was decoded."""
     columns, config = message.columns, log.config
     count = len(columns)
-    if columns.header_lengths is not None or count > config.batch_records_max:
-        return None
+    if columns.header_lengths is not None or count > config.batch_records_max or (
+            columns.kinds is not None and not APPENDABLE[columns.kinds].all()):
+        return None  # (Log.append_batch refuses the kinds only the log writes)
     if message.partition >= 0:
         number = message.partition
     elif log.partition_count(message.stream) == 1:
@@ -354,6 +361,7 @@ def _direct_piece(log, message: Append):
         timestamps = [time.time_ns() // 1000] * count
     _, keys, values, kinds, _ = columns_to_lists(columns, timestamps=False)
     if message.txn_id:
+        partition.check_appendable(message.txn_id)  # as Log.append_batch does
         partition.txns_written_here.add(message.txn_id)
     return partition, Piece(timestamps, keys, values, kinds, None, nbytes, message.txn_id)
 

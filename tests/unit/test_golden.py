@@ -14,7 +14,8 @@ from streamlog.wire.operations import OPERATIONS
 
 def test_record_kinds():
     assert {k.name: k.value for k in RecordKind} == {
-        "DATA": 0, "COMMIT": 1, "ABORT": 2, "G_OPEN": 3, "G_CHECK": 4, "CHECKPOINT": 5}
+        "DATA": 0, "COMMIT": 1, "ABORT": 2, "G_OPEN": 3, "G_CHECK": 4, "CHECKPOINT": 5,
+        "PRODUCER": 6, "BEGIN": 7}
 
 
 def test_frame_constants():
@@ -49,6 +50,9 @@ def test_seal_and_commit_value_bytes():
         "5345414c01000000e803000000000000341200000000000063000000000000002a00000000000000"
         "78339d4b402adc7e")
     assert txn.encode_commit("q", b"7") == bytes.fromhex("01007137")
+    assert txn.encode_begin("q", 7) == bytes.fromhex("070000000000000071")
+    assert txn.encode_epoch(7) == bytes.fromhex("0700000000000000")
+    assert txn.producer_tag("q") == "streamlog.producer/q"
 
 
 def test_wire_codes():
@@ -57,12 +61,13 @@ def test_wire_codes():
         "UNSUPPORTED_VERSION": 5, "TOO_MANY_CONNECTIONS": 6, "SHUTTING_DOWN": 7,
         "LIMIT_EXCEEDED": 8, "INVALID_ARGUMENT": 10, "INVALID_APPEND": 11,
         "UNKNOWN_STREAM": 12, "OFFSET_OUT_OF_RANGE": 13, "LOG_CLOSED": 14, "READ_ONLY": 15,
-        "PARTITION_FAILED": 16, "CORRUPTION": 17, "STREAMLOG_ERROR": 18}
+        "PARTITION_FAILED": 16, "CORRUPTION": 17, "STREAMLOG_ERROR": 18,
+        "PRODUCER_FENCED": 19}
     assert {k.name: k.value for k in MessageType} == {
         "HELLO": 1, "PING": 2, "CREATE_STREAM": 3, "APPEND": 4, "READ": 5, "CREDIT": 6,
         "CANCEL": 7, "OFFSETS": 8, "OFFSET_FOR_TIMESTAMP": 9, "INFO": 10, "STREAMS": 11,
         "COMMIT_TXN": 12, "ABORT_TXN": 13, "LAST_COMMIT": 14, "TRUNCATE_AFTER": 15,
-        "TXN_STATE": 16, "HELLO_OK": 64, "PONG": 65, "ERROR": 66, "APPENDED": 67,
+        "TXN_STATE": 16, "INIT_PRODUCER": 17, "BEGIN_TXN": 18, "HELLO_OK": 64, "PONG": 65, "ERROR": 66, "APPENDED": 67,
         "BATCH": 68, "READ_OPENED": 69, "READ_END": 70, "RESULT_INT": 71,
         "RESULT_OFFSETS": 72, "RESULT_JSON": 73, "RESULT_BYTES": 74}
 
@@ -78,7 +83,8 @@ def test_wire_error_map():
         ("INVALID_APPEND", "InvalidAppend"), ("UNKNOWN_STREAM", "UnknownStream"),
         ("OFFSET_OUT_OF_RANGE", "OffsetOutOfRange"), ("LOG_CLOSED", "LogClosed"),
         ("READ_ONLY", "ReadOnlyLog"), ("PARTITION_FAILED", "PartitionFailed"),
-        ("CORRUPTION", "CorruptionError"), ("STREAMLOG_ERROR", "StreamLogError")]
+        ("CORRUPTION", "CorruptionError"), ("PRODUCER_FENCED", "ProducerFenced"),
+        ("STREAMLOG_ERROR", "StreamLogError")]
 
 
 def test_wire_message_layouts():
@@ -94,6 +100,7 @@ def test_wire_message_layouts():
         "INFO": (), "STREAMS": (), "COMMIT_TXN": ("str", "u32", "u64", "str", "blob"),
         "ABORT_TXN": ("str", "u32", "u64"), "LAST_COMMIT": ("str", "u32", "str"),
         "TRUNCATE_AFTER": ("str", "u32", "i64"), "TXN_STATE": ("str", "u32", "u64"),
+        "INIT_PRODUCER": ("str", "u32", "str"), "BEGIN_TXN": ("str", "u32", "str", "i64"),
         "HELLO_OK": ("u16", "u32", "u32", "str"), "PONG": (), "ERROR": ("u16", "str"),
         "APPENDED": ("u32", "rest"), "BATCH": ("u32", "i64", "u64", "u32", "u8", "view"),
         "READ_OPENED": ("i64",), "READ_END": ("i64",), "RESULT_INT": ("i64",),
@@ -104,7 +111,8 @@ def test_wire_message_layouts():
         "CREATE_STREAM": "RESULT_INT", "STREAMS": "RESULT_JSON", "OFFSETS": "RESULT_OFFSETS",
         "OFFSET_FOR_TIMESTAMP": "RESULT_INT", "INFO": "RESULT_JSON", "COMMIT_TXN": "RESULT_INT",
         "ABORT_TXN": "RESULT_INT", "TXN_STATE": "RESULT_INT", "LAST_COMMIT": "RESULT_BYTES",
-        "TRUNCATE_AFTER": "RESULT_INT"}
+        "TRUNCATE_AFTER": "RESULT_INT", "INIT_PRODUCER": "RESULT_INT",
+        "BEGIN_TXN": "RESULT_INT"}
 
 
 def test_wire_request_bytes():

@@ -90,7 +90,7 @@ class FakeLog:
                "commit_txn": 4, "abort_txn": 5, "txn_state": TxnState.ABORTED,
                "last_commit": b"marker", "truncate_after": 6, "start_offset": 1,
                "end_offset": 8, "last_stable_offset": 7, "streams": ["a", "b"],
-               "partition_count": 2}
+               "partition_count": 2, "init_producer": 12, "begin_txn": 0xfeed}
 
     def __init__(self) -> None:
         self.calls = []

@@ -181,3 +181,46 @@ def test_garbage_collection_of_staging(tmp_path):
         stage(options, batch_id, [b"x"])
     collect_garbage(options.path, TAG, through_batch=4)
     assert os.listdir(os.path.join(staging_root(options.path), TAG)) == ["5"]
+
+
+def test_a_killed_commit_is_aborted_at_the_restarts_first_commit_beside_a_producer(tmp_path):
+    """A producer process keeps the log open for writing throughout (so no open of
+    the log aborts anything), a commit is SIGKILLed mid-transaction, and the restarted
+    query's first commit aborts its open transaction (DESIGN 6): everything committed
+    is visible at once, nothing of the killed attempt ever is."""
+    options = sink(tmp_path / "log")
+    producer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, streamlog\n"
+        "log = streamlog.open_log(sys.argv[1])\n"
+        "for i in range(10**6):\n"
+        "    log.append_sync('out', b'p%06d' % i, partition=i % 2)\n"
+        "    time.sleep(0.005)\n"), str(tmp_path / "log")])
+    try:
+        killed = subprocess.run([sys.executable, "-c", (
+            "import os, signal, sys, streamlog\n"
+            "log = streamlog.open_log(sys.argv[1])\n"
+            f"epoch = log.init_producer('out', 0, {TAG + '/0'!r})\n"
+            f"txn = log.begin_txn('out', 0, {TAG + '/0'!r}, epoch)\n"
+            "log.append_batch_sync('out', [b'killed'] * 50, partition=0, txn_id=txn)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n"), str(tmp_path / "log")],
+            capture_output=True, text=True, timeout=120)
+        assert killed.returncode == -9, killed.stderr
+        with streamlog.open_log(tmp_path / "log", readonly=True) as log:
+            assert log.last_stable_offset("out", 0) < log.end_offset("out", 0)
+        started = time.monotonic()
+        outcome = commit_streaming(options, [stage(options, 0, batch_values(0))], 0, TAG)
+        assert set(outcome.values()) == {"committed"}
+        assert time.monotonic() - started < 30  # no lock wait, no transaction timeout
+        producer.kill()  # (a moving end would make the comparison below racy)
+        producer.wait(10)
+        with streamlog.open_log(tmp_path / "log", readonly=True) as log:
+            stable = [log.last_stable_offset("out", n) for n in range(2)]
+            ends = [log.end_offset("out", n) for n in range(2)]
+        assert stable == ends  # nothing open holds read_committed readers back
+        seen = visible(tmp_path / "log")
+        assert b"killed" not in seen
+        assert sorted(v for v in seen if v.startswith(b"b0-")) == sorted(batch_values(0))
+        assert any(v.startswith(b"p") for v in seen)  # the producer's records are there
+    finally:
+        producer.kill()
+        producer.wait(10)

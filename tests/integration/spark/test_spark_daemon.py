@@ -142,7 +142,7 @@ def test_streaming_write_to_the_daemon_is_exactly_once(spark, daemon, tmp_path):
     tag = json.loads((checkpoint / "metadata").read_text())["id"]
     with daemon.connect() as log:
         markers = [_remote.parse_marker(log.last_commit("out", n, tag)) for n in range(2)]
-    assert max(batch for batch, _ in markers) == 3  # batches 0-2, the replay of 2, then 3
+    assert max(batch for batch, *_ in markers) == 3  # batches 0-2, the replay of 2, then 3
 
 
 def test_a_commit_cut_short_is_completed_by_its_replay(daemon):
