@@ -52,15 +52,16 @@ def crashing_source():
                 return super().commit(messages, batchId)
             original, calls = commit_module._append_in_txn, []
 
-            def append_in_txn(target, stream, number, runs, tag, batch):
+            def append_in_txn(target, stream, number, runs, tag, batch, producer=None):
                 calls.append(number)
-                if self.point == "before-marker":
-                    txn_id = target.new_txn_id()
+                if self.point == "before-marker":  # as the commit begins it, then die
+                    txn_id = (target.new_txn_id() if producer is None
+                              else target.begin_txn(stream, number, *producer))
                     commit_module._append_runs(target, stream, number, runs, txn_id=txn_id)
                     die(self.driver_pid)
                 if self.point == "between-partitions" and len(calls) == 2:
                     die(self.driver_pid)
-                return original(target, stream, number, runs, tag, batch)
+                return original(target, stream, number, runs, tag, batch, producer=producer)
 
             original_marker, markers = commit_module._marker, []
 
