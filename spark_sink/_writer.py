@@ -27,6 +27,7 @@ import uuid
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
 from spark_source._options import is_url
+from spark_source._ship import ShipsToExecutors
 from streamlog import InvalidArgument, StreamLogError
 
 from . import _remote
@@ -49,7 +50,7 @@ class Staged(WriterCommitMessage):
     rows: dict
     tag: str | None = None
     batch_id: int | None = None
-    txns: dict | None = None  # a daemon's log: {partition: [open txn id, rows]}
+    txns: dict | None = None  # a daemon's log: {partition: [open txn id, rows, task]}
 
 
 def _refuse_overwrite(overwrite: bool, what: str) -> None:
@@ -59,7 +60,7 @@ def _refuse_overwrite(overwrite: bool, what: str) -> None:
                               f"(streaming), or write to a new stream")
 
 
-class _Common:
+class _Common(ShipsToExecutors):
     def _setup(self, options, schema) -> None:
         self.options = parse_sink_options(options)
         self.remote = is_url(self.options.path)

@@ -27,28 +27,51 @@ __all__ = ["StreamlogDataSource", "register"]
 
 
 class StreamlogDataSource(DataSource):
-    """The `streamlog` data source. Rows: stream, partition, offset, timestamp, key,
-    value[, headers]; see spark_source/_schema.py."""
+    """The `streamlog` data source. Rows: stream, partition, offset, timestamp,
+    timestampType, key, value[, headers]; see spark_source/_schema.py.
+
+    Options are checked as soon as Spark builds the source, which load() and save()
+    do (as Kafka's source checks at load()): names, values and JSON, everything that
+    does not depend on whether the query reads, streams or writes. What does (ending
+    options on a stream, startingOffsets=latest for a batch read) and what needs the
+    log (streams and partitions that exist) is checked when the query is planned.
+    """
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        from ._options import parse_source_options
+        # Empty options are a catalog table being read: its options come with the
+        # schema (see _catalog.py); an option missing for a load() is reported by
+        # schema(), which load() calls next.
+        if dict(self.options):
+            parse_source_options(self.options, streaming=None, required=False)
 
     @classmethod
     def name(cls) -> str:
         return "streamlog"
 
     def schema(self):
-        from ._options import parse_bool
+        from ._catalog import remember_options
+        from ._options import parse_bool, parse_source_options
         from ._schema import spark_schema
+        parse_source_options(self.options, streaming=None)
         given = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
-        return spark_schema(parse_bool(given, "includeHeaders", False))
+        return remember_options(spark_schema(parse_bool(given, "includeHeaders", False)),
+                                self.options)
 
     def reader(self, schema):
         from ._batch import BatchReader
+        from ._catalog import table_options
         from ._options import parse_source_options
-        return BatchReader(parse_source_options(self.options, streaming=False), schema)
+        options = table_options(self.options, schema)
+        return BatchReader(parse_source_options(options, streaming=False), schema)
 
     def streamReader(self, schema):
+        from ._catalog import table_options
         from ._options import parse_source_options
         from ._stream import StreamReader
-        return StreamReader(parse_source_options(self.options, streaming=True), schema)
+        options = table_options(self.options, schema)
+        return StreamReader(parse_source_options(options, streaming=True), schema)
 
     def writer(self, schema, overwrite: bool):
         from spark_sink import BatchWriter

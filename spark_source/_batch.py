@@ -12,13 +12,14 @@ from pyspark.sql.datasource import DataSourceReader
 from streamlog import InvalidArgument
 
 from ._options import OFFSET, SourceOptions
-from ._plan import (OffsetRange, check_bound_covers, open_readonly, partition_keys,
-                    resolve_end, resolve_start, split_ranges)
+from ._plan import (OffsetRange, check_bound_covers, open_readonly, resolve_end,
+                    resolve_start, selected_keys, split_ranges)
 from ._read import read_range
 from ._schema import target_arrow_schema
+from ._ship import ShipsToExecutors
 
 
-class BatchReader(DataSourceReader):
+class BatchReader(ShipsToExecutors, DataSourceReader):
     def __init__(self, options: SourceOptions, schema) -> None:
         assert options.ending is not None  # a batch read always has an end
         self.options = options
@@ -28,7 +29,7 @@ class BatchReader(DataSourceReader):
         options = self.options
         log = open_readonly(options.path)
         try:
-            keys = partition_keys(log, options.streams)
+            keys = selected_keys(log, options)
             check_bound_covers(options.starting, keys)
             check_bound_covers(options.ending, keys)
             ranges = []
@@ -36,7 +37,7 @@ class BatchReader(DataSourceReader):
                 starting = options.starting.position(*key)
                 ending = options.ending.position(*key)
                 start = resolve_start(log, key, starting, options)
-                end = resolve_end(log, key, ending, options.ending)
+                end = resolve_end(log, key, ending, options.ending, options.read_committed)
                 if end < start and starting.kind == OFFSET and ending.kind == OFFSET:
                     raise InvalidArgument(f"{key[0]}/{key[1]}: endingOffsets {end} is before "
                                           f"startingOffsets {start}")
@@ -46,6 +47,10 @@ class BatchReader(DataSourceReader):
         return make_splits(options, ranges)
 
     def read(self, partition: OffsetRange):
+        # With no range planned (nothing to read), Spark still runs one task, with its
+        # placeholder InputPartition(None).
+        if not isinstance(partition, OffsetRange):
+            return iter(())
         return read_range(partition, self.target)
 
 
@@ -55,5 +60,5 @@ def make_splits(options: SourceOptions, ranges) -> list[OffsetRange]:
                           max_records=options.max_records_per_partition,
                           cores=os.cpu_count() or 1)
     return [OffsetRange(options.path, stream, number, start, end, options.include_headers,
-                        options.fail_on_data_loss)
+                        options.fail_on_data_loss, options.read_committed)
             for (stream, number), start, end in pieces]

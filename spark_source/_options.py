@@ -9,7 +9,14 @@ accepted. The names and meanings follow Spark's Kafka source, so users know them
                                   streamlog://HOST:PORT (token from STREAMLOG_TOKEN, in
                                   the driver's and every executor's environment)
                                   (required)
-    stream                        one stream, or several separated by commas (required)
+    stream                        one stream, or several separated by commas; exactly one
+                                  of stream, subscribe, subscribePattern, assign is needed
+    subscribe                     the same as stream (Kafka's name)
+    subscribePattern              a regular expression (Python's re, matched against the
+                                  whole name) over stream names; a stream created later
+                                  that matches is read by a running query from its start
+    assign                        JSON of streams and partition numbers, {"s": [0, 2]}:
+                                  only those partitions
     startingOffsets               earliest | latest (streaming only) | JSON per partition,
                                   {"s": {"0": 23, "1": -2}} with -2 earliest, -1 latest
     startingTimestamp             milliseconds since the epoch, for every partition
@@ -19,11 +26,24 @@ accepted. The names and meanings follow Spark's Kafka source, so users know them
     endingOffsets / endingTimestamp / endingOffsetsByTimestamp   batch queries only;
                                   latest or JSON (-1 latest; -2 is refused)
     maxOffsetsPerTrigger          offsets per micro-batch, shared across partitions
+    minOffsetsPerTrigger          a micro-batch waits until at least this many offsets are
+                                  available, or maxTriggerDelay has passed since the last
+                                  one (as Kafka's source; not under Trigger.AvailableNow)
+    maxTriggerDelay               how long minOffsetsPerTrigger may hold a batch back
+                                  (default 15m; 500ms, 10s, 5m, 1h or milliseconds)
+    isolationLevel                read_committed (default) | read_uncommitted: whether
+                                  records of open and aborted transactions are read (also
+                                  taken as kafka.isolation.level)
     failOnDataLoss                true (default): fail when retention or truncation removed
                                   offsets the query needs; false: skip them with a warning
     includeHeaders                false (default) | true: adds the headers column
     minPartitions                 split the read into at least this many Spark partitions
     maxRecordsPerPartition        split a log partition's range into pieces of at most this
+
+An option name that is not one of these (nor the sink's, nor Spark's own) is an error;
+the message suggests a known name only when the given one is a near miss of it (one or
+two letters off), and says so when the name is a setting of Kafka's source or client
+that has no meaning here.
 
 Timestamps in options are milliseconds (as Kafka's source takes them); the log counts
 microseconds, so they are multiplied by 1000 here and nowhere else. A timestamp bound is
@@ -35,8 +55,8 @@ startingOffsetsByTimestamp, then startingOffsets (the same for the ending side).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
+import re
 
 from streamlog import InvalidArgument
 
@@ -49,13 +69,26 @@ TIMESTAMP = "timestamp"
 _INT64_MAX = (1 << 63) - 1
 _MS_MAX = _INT64_MAX // 1000
 
+SELECTORS = ("stream", "subscribe", "subscribePattern", "assign")
 SOURCE_OPTIONS = (
-    "path", "stream", "startingOffsets", "endingOffsets", "startingTimestamp",
+    "path", *SELECTORS, "startingOffsets", "endingOffsets", "startingTimestamp",
     "endingTimestamp", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
-    "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "failOnDataLoss",
+    "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+    "maxTriggerDelay", "isolationLevel", "kafka.isolation.level", "failOnDataLoss",
     "includeHeaders", "minPartitions", "maxRecordsPerPartition",
 )
 _ENDING_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+# Names Spark adds itself: a streaming query's, and a catalog table's properties
+# (CREATE TABLE ... USING streamlog hands the source these beside the user's options).
+_SPARK_NAMES = ("checkpointLocation", "queryName", "location", "owner", "provider",
+                "comment", "external", "is_managed_location")
+_CATALOG_PREFIX = "option."
+# Settings of Kafka's source that have no meaning for a log read directly.
+_KAFKA_ONLY = ("topic", "groupIdPrefix", "fetchOffset.numRetries",
+               "fetchOffset.retryIntervalMs", "kafkaConsumer.pollTimeoutMs", "maxPartitions")
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's maxTriggerDelay default, 15m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +121,10 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class SourceOptions:
+    """What to read: `streams` (stream / subscribe), or every stream whose name matches
+    `pattern` (subscribePattern), or exactly the partitions `assigned` (assign, whose
+    streams are also in `streams`)."""
+
     path: str
     streams: tuple[str, ...]
     starting: Bound
@@ -98,38 +135,64 @@ class SourceOptions:
     include_headers: bool
     min_partitions: int | None
     max_records_per_partition: int | None
+    pattern: str | None = None
+    assigned: tuple[tuple[str, int], ...] | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_TRIGGER_DELAY_MS
+    read_committed: bool = True
 
 
-def parse_source_options(options, *, streaming: bool) -> SourceOptions:
+def parse_source_options(options, *, streaming: bool | None,
+                         required: bool = True) -> SourceOptions | None:
     """Check and convert the reader options (see the module docstring).
+
+    `streaming` None checks what does not depend on the kind of query (the data
+    source's load(), which cannot tell a read from a readStream or a write);
+    `required` False lets path and the stream selection be absent (then None is
+    returned after the checks).
 
     Raises:
         InvalidArgument naming the option for a missing or malformed value, an option
-        that does not apply (ending options on a stream), or a near-miss option name.
+        that does not apply (ending options on a stream), or an unknown option name.
     """
     given = _lowered(options)
     check_unknown(given, SOURCE_OPTIONS + _SINK_NAMES)
-    path = parse_path(given)
-    streams = parse_streams(given)
+    path = parse_path(given) if required or "path" in given else None
+    streams, pattern, assigned = parse_selection(given, required=required)
     if streaming:
         for name in _ENDING_OPTIONS:
             if name.lower() in given:
                 raise InvalidArgument(f"option {name!r} is for batch queries only; a streaming "
                                       f"query reads until it is stopped")
-    starting = _parse_starting(given, streams, streaming)
-    ending = None if streaming else _parse_ending(given, streams)
+    known = streams if pattern is None else None
+    starting = _parse_starting(given, known, streaming)
+    ending = None if streaming else _parse_ending(given, known)
     strategy = given.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise InvalidArgument(f"option 'startingOffsetsByTimestampStrategy' must be error or "
                               f"latest (got {strategy!r})")
+    most = _positive_int(given, "maxOffsetsPerTrigger")
+    least = _positive_int(given, "minOffsetsPerTrigger")
+    if least is not None and most is not None and least > most:
+        raise InvalidArgument(f"option 'minOffsetsPerTrigger' ({least}) is more than "
+                              f"'maxOffsetsPerTrigger' ({most})")
+    delay_ms = DEFAULT_TRIGGER_DELAY_MS
+    if "maxtriggerdelay" in given:
+        delay_ms = parse_duration_ms(given["maxtriggerdelay"], "maxTriggerDelay")
+    read_committed = parse_isolation(given)
+    fail_on_data_loss = parse_bool(given, "failOnDataLoss", True)
+    include_headers = parse_bool(given, "includeHeaders", False)
+    min_partitions = _positive_int(given, "minPartitions")
+    max_records_per_partition = _positive_int(given, "maxRecordsPerPartition")
+    if path is None or (not streams and pattern is None):
+        return None
     return SourceOptions(
         path=path, streams=streams, starting=starting, ending=ending,
-        strategy_latest=strategy == "latest",
-        max_offsets_per_trigger=_positive_int(given, "maxOffsetsPerTrigger"),
-        fail_on_data_loss=parse_bool(given, "failOnDataLoss", True),
-        include_headers=parse_bool(given, "includeHeaders", False),
-        min_partitions=_positive_int(given, "minPartitions"),
-        max_records_per_partition=_positive_int(given, "maxRecordsPerPartition"))
+        strategy_latest=strategy == "latest", max_offsets_per_trigger=most,
+        fail_on_data_loss=fail_on_data_loss, include_headers=include_headers,
+        min_partitions=min_partitions, max_records_per_partition=max_records_per_partition,
+        pattern=pattern, assigned=assigned, min_offsets_per_trigger=least,
+        max_trigger_delay_ms=delay_ms, read_committed=read_committed)
 
 
 # Names the sink takes: accepted here too, since one DataSource serves both sides.
@@ -145,16 +208,55 @@ def _lowered(options) -> dict[str, str]:
 
 
 def check_unknown(given: dict[str, str], known: tuple[str, ...]) -> None:
-    """Refuse an option name that is a near miss of a known one (a typo would otherwise
-    be ignored silently); other unknown names are left alone, as Spark passes its own."""
-    lowered = {name.lower(): name for name in known}
+    """Refuse an option name that is neither `known` nor one Spark adds itself (a typo
+    would otherwise be ignored silently). The message suggests a known name only for a
+    near miss (see `near_miss`), and says when the name is one of Kafka's.
+
+    Raises:
+        InvalidArgument naming the option.
+    """
+    lowered = {name.lower(): name for name in known + _SPARK_NAMES}
     for key in given:
-        if key in lowered:
+        if key in lowered or key.startswith(_CATALOG_PREFIX):
             continue
-        close = difflib.get_close_matches(key, list(lowered), n=1, cutoff=0.85)
-        if close:
-            raise InvalidArgument(f"unknown option {key!r}; did you mean "
-                                  f"{lowered[close[0]]!r}?")
+        if key.startswith("kafka.") or key in {name.lower() for name in _KAFKA_ONLY}:
+            raise InvalidArgument(f"option {key!r} is a setting of Kafka's source or client, "
+                                  f"which format('streamlog') does not use: it reads the log "
+                                  f"at option 'path' (a directory or streamlog://HOST:PORT)")
+        close = near_miss(key, list(lowered))
+        if close is not None:
+            raise InvalidArgument(f"unknown option {key!r}; did you mean {lowered[close]!r}?")
+        names = ", ".join(sorted(set(known), key=str.lower))
+        raise InvalidArgument(f"unknown option {key!r} for format('streamlog'); its options "
+                              f"are: {names}")
+
+
+def near_miss(word: str, candidates: list[str]) -> str | None:
+    """The one candidate within a small edit distance of `word` (one edit for short
+    names, two from 8 letters on), or None when there is none or more than one."""
+    allowed = 1 if len(word) < 8 else 2
+    close = [c for c in candidates if _edit_distance(word, c, allowed) <= allowed]
+    return close[0] if len(close) == 1 else None
+
+
+def _edit_distance(a: str, b: str, bound: int) -> int:
+    """Levenshtein distance of a and b (with a swap of neighbours as one edit), or
+    bound + 1 as soon as it is sure to exceed bound."""
+    if abs(len(a) - len(b)) > bound:
+        return bound + 1
+    previous2, previous = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if (previous2 is not None and i > 1 and j > 1 and a[i - 1] == b[j - 2]
+                    and a[i - 2] == b[j - 1]):
+                row[j] = min(row[j], previous2[j - 2] + 1)
+        if min(row) > bound:
+            return bound + 1
+        previous2, previous = previous, row
+    return previous[-1]
 
 
 def parse_path(given: dict[str, str]) -> str:
@@ -168,6 +270,8 @@ def parse_path(given: dict[str, str]) -> str:
         return path
     if path.startswith("file://"):
         path = path[len("file://"):]
+    elif path.startswith("file:/"):  # a catalog table's location: file:/abs/path
+        path = path[len("file:"):]
     return path
 
 
@@ -179,15 +283,99 @@ def is_url(path: str) -> bool:
     return path.startswith(DAEMON_SCHEMES)
 
 
-def parse_streams(given: dict[str, str]) -> tuple[str, ...]:
-    raw = given.get("stream", "")
+def parse_streams(given: dict[str, str], name: str = "stream") -> tuple[str, ...]:
+    raw = given.get(name.lower(), "")
     streams = tuple(s.strip() for s in raw.split(",") if s.strip())
     if not streams:
-        raise InvalidArgument("option 'stream' is required: the name of the stream "
-                              "(or several, separated by commas)")
+        raise InvalidArgument(f"option {name!r} is required: the name of the stream "
+                              f"(or several, separated by commas)")
     if len(set(streams)) != len(streams):
-        raise InvalidArgument(f"option 'stream' names a stream twice: {raw!r}")
+        raise InvalidArgument(f"option {name!r} names a stream twice: {raw!r}")
     return streams
+
+
+def parse_selection(given: dict[str, str], *, required: bool = True):
+    """(streams, pattern, assigned) from exactly one of stream, subscribe,
+    subscribePattern and assign (as Kafka's source wants one of its three)."""
+    named = [name for name in SELECTORS if name.lower() in given]
+    if len(named) > 1:
+        raise InvalidArgument(f"options {' and '.join(repr(n) for n in named)} each choose "
+                              f"what to read; give only one of stream (or subscribe), "
+                              f"subscribePattern, assign")
+    if not named:
+        if required:
+            raise InvalidArgument("option 'stream' is required: the name of the stream (or "
+                                  "several, separated by commas), or use subscribe, "
+                                  "subscribePattern or assign")
+        return (), None, None
+    name = named[0]
+    if name in ("stream", "subscribe"):
+        return parse_streams(given, name), None, None
+    if name == "subscribePattern":
+        raw = given["subscribepattern"]
+        if not raw.strip():
+            raise InvalidArgument("option 'subscribePattern' must be a regular expression "
+                                  "over stream names (got an empty value)")
+        try:
+            re.compile(raw)
+        except re.error as error:
+            raise InvalidArgument(f"option 'subscribePattern' is not a regular expression: "
+                                  f"{error} (got {raw!r})") from None
+        return (), raw, None
+    assigned = _parse_assign(given["assign"])
+    streams = tuple(dict.fromkeys(stream for stream, _ in assigned))
+    return streams, None, assigned
+
+
+def _parse_assign(raw: str) -> tuple[tuple[str, int], ...]:
+    example = '{"clicks": [0, 2]}'
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if (not isinstance(value, dict) or not value
+            or not all(isinstance(v, list) and v for v in value.values())):
+        raise InvalidArgument(f"option 'assign' must be a JSON object of streams, each a "
+                              f"list of partition numbers, like {example} (got {raw!r})")
+    keys = []
+    for stream, numbers in value.items():
+        for number in numbers:
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise InvalidArgument(f"option 'assign': {number!r} in stream {stream!r} is "
+                                      f"not a partition number")
+            keys.append((stream, number))
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument(f"option 'assign' names a partition twice: {raw!r}")
+    return tuple(sorted(keys))
+
+
+def parse_isolation(given: dict[str, str]) -> bool:
+    """Whether reads are read_committed (isolationLevel, or Kafka's client name)."""
+    values = {name: given[name.lower()].strip().lower()
+              for name in ("isolationLevel", "kafka.isolation.level") if name.lower() in given}
+    if len(set(values.values())) > 1:
+        raise InvalidArgument("options 'isolationLevel' and 'kafka.isolation.level' disagree; "
+                              "give one")
+    for name, value in values.items():
+        if value not in (READ_COMMITTED, READ_UNCOMMITTED):
+            raise InvalidArgument(f"option {name!r} must be read_committed or "
+                                  f"read_uncommitted (got {given[name.lower()]!r})")
+        return value == READ_COMMITTED
+    return True
+
+
+_DURATION = re.compile(r"(\d+)\s*(us|ms|s|m|min|h|d)?")
+_DURATION_MS = {"us": 0.001, "ms": 1, None: 1, "s": 1000, "m": 60_000, "min": 60_000,
+                "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(raw: str, name: str) -> int:
+    """A duration as Spark writes them (500ms, 10s, 5m, 1h, 2d; a bare number is ms)."""
+    match = _DURATION.fullmatch(raw.strip().lower())
+    if match is None:
+        raise InvalidArgument(f"option {name!r} must be a duration such as 500ms, 10s, 5m or "
+                              f"1h (got {raw!r})")
+    return int(int(match.group(1)) * _DURATION_MS[match.group(2)])
 
 
 def parse_bool(given: dict[str, str], name: str, default: bool) -> bool:
@@ -249,7 +437,7 @@ def _parse_starting(given: dict[str, str], streams, streaming: bool) -> Bound:
     if word == "earliest":
         return Bound("startingOffsets", every=Position(EARLIEST))
     if word == "latest":
-        if not streaming:
+        if streaming is False:
             raise InvalidArgument("option 'startingOffsets' cannot be latest for a batch "
                                   "query (it would read nothing); use earliest or JSON")
         return Bound("startingOffsets", every=Position(LATEST))
@@ -272,7 +460,9 @@ def _parse_ending(given: dict[str, str], streams) -> Bound:
 
 
 def _load_json(raw: str, name: str, streams) -> dict:
-    example = '{"%s": {"0": 0}}' % streams[0]
+    """The JSON object of option `name`; `streams` None (a pattern) or empty (not given
+    yet) lets it name any stream."""
+    example = '{"%s": {"0": 0}}' % (streams[0] if streams else "clicks")
     try:
         value = json.loads(raw)
     except ValueError:
@@ -282,7 +472,7 @@ def _load_json(raw: str, name: str, streams) -> dict:
         raise InvalidArgument(f"option {name!r} must be a JSON object of streams, each an "
                               f"object of partitions, like {example} (got {raw!r})")
     for stream in value:
-        if stream not in streams:
+        if streams and stream not in streams:
             raise InvalidArgument(f"option {name!r} names stream {stream!r}, which is not in "
                                   f"option 'stream' ({', '.join(streams)})")
     return value

@@ -23,12 +23,14 @@ import dataclasses
 import logging
 import math
 import os
+import re
 
 from pyspark.sql.datasource import InputPartition
 from streamlog import InvalidArgument, OffsetOutOfRange
 
 from ._options import (EARLIEST, LATEST, OFFSET, TIMESTAMP, Bound, Position, SourceOptions,
                        is_url)
+from ._ship import ShipsToExecutors
 
 log = logging.getLogger("streamlog.spark")
 
@@ -38,7 +40,7 @@ SPLIT_OFFSETS_MIN = 65536
 
 
 @dataclasses.dataclass
-class OffsetRange(InputPartition):
+class OffsetRange(ShipsToExecutors, InputPartition):
     """Offsets [start, end) of one log partition, read by one Spark task."""
 
     path: str
@@ -48,6 +50,7 @@ class OffsetRange(InputPartition):
     end: int
     include_headers: bool
     fail_on_data_loss: bool
+    read_committed: bool = True
 
     def __post_init__(self) -> None:
         assert 0 <= self.start <= self.end
@@ -76,9 +79,33 @@ def partition_keys(log, streams) -> list[PartitionKey]:
     return keys
 
 
-def stable_end(log, stream: str, partition: int) -> int:
+def selected_keys(log, options: SourceOptions) -> list[PartitionKey]:
+    """The (stream, partition)s the options choose: the streams named (stream,
+    subscribe), those matching subscribePattern now, or the partitions assigned.
+
+    Raises:
+        InvalidArgument for a stream or an assigned partition that does not exist.
+    """
+    if options.pattern is not None:
+        matcher = re.compile(options.pattern)
+        streams = sorted(name for name in log.streams() if matcher.fullmatch(name))
+        return partition_keys(log, streams)
+    keys = partition_keys(log, options.streams)
+    if options.assigned is None:
+        return keys
+    missing = [f"{s}/{p}" for s, p in options.assigned if (s, p) not in set(keys)]
+    if missing:
+        raise InvalidArgument(f"option 'assign' names partitions that do not exist: "
+                              f"{', '.join(missing)}")
+    return list(options.assigned)
+
+
+def stable_end(log, stream: str, partition: int, read_committed: bool = True) -> int:
     """The last stable offset: where a read_committed reader has to stop for now (a local
-    log and a daemon's client both say, streamlog.api.LogAPI)."""
+    log and a daemon's client both say, streamlog.api.LogAPI); the end of the log for a
+    read_uncommitted one."""
+    if not read_committed:
+        return log.end_offset(stream, partition)
     return log.last_stable_offset(stream, partition)
 
 
@@ -106,7 +133,8 @@ def resolve_start(log, key: PartitionKey, position: Position, options: SourceOpt
         reaches a starting timestamp and the strategy is `error`.
     """
     stream, number = key
-    first, end = log.start_offset(stream, number), stable_end(log, stream, number)
+    first = log.start_offset(stream, number)
+    end = stable_end(log, stream, number, options.read_committed)
     if position.kind == EARLIEST:
         return first
     if position.kind == LATEST:
@@ -131,10 +159,12 @@ def resolve_start(log, key: PartitionKey, position: Position, options: SourceOpt
     return position.value
 
 
-def resolve_end(log, key: PartitionKey, position: Position, bound: Bound) -> int:
+def resolve_end(log, key: PartitionKey, position: Position, bound: Bound,
+                read_committed: bool = True) -> int:
     """Offset (exclusive) where a batch read of one partition ends."""
     stream, number = key
-    first, end = log.start_offset(stream, number), stable_end(log, stream, number)
+    first = log.start_offset(stream, number)
+    end = stable_end(log, stream, number, read_committed)
     if position.kind == LATEST:
         return end
     if position.kind == TIMESTAMP:

@@ -40,7 +40,8 @@ def read_range(split: OffsetRange, target: pa.Schema):
             stop = max(end, start)
         if stop <= start:
             return
-        with log.reader(stream, number, from_offset=start, to_offset=stop) as reader:
+        with log.reader(stream, number, from_offset=start, to_offset=stop,
+                        read_committed=split.read_committed) as reader:
             for batch in reader.arrow(include_headers=split.include_headers):
                 yield to_spark_batch(batch, stream, target)
     finally:

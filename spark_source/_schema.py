@@ -13,6 +13,10 @@ list item name, nothing else in practice).
     partition  int        not null
     offset     bigint     not null
     timestamp  timestamp  not null   (event time; microseconds, shown in the session zone)
+    timestampType int     not null   0, as Kafka's CreateTime: a record has one timestamp,
+                                     the one its producer gave (or the writing process's
+                                     clock when it gave none); the log keeps no second,
+                                     append-time stamp (Kafka's 1, LogAppendTime)
     key        binary     null when the record has no key
     value      binary     not null
     headers    array<struct<key: string, value: binary>>   only with includeHeaders=true
@@ -33,6 +37,7 @@ _BASE_FIELDS = [
     StructField("partition", IntegerType(), False),
     StructField("offset", LongType(), False),
     StructField("timestamp", TimestampType(), False),
+    StructField("timestampType", IntegerType(), False),
     StructField("key", BinaryType(), True),
     StructField("value", BinaryType(), False),
 ]
@@ -75,10 +80,20 @@ def stream_column(name: str, rows: int) -> pa.Array:
                                  [None, pa.py_buffer(offsets), pa.py_buffer(encoded * rows)])
 
 
+CREATE_TIME = 0  # Kafka's timestampType of a producer's timestamp
+
+
+def create_time_column(rows: int) -> pa.Array:
+    """CREATE_TIME repeated `rows` times, as an int32 array built from one buffer."""
+    return pa.Array.from_buffers(pa.int32(), rows,
+                                 [None, pa.py_buffer(np.zeros(rows, dtype=np.int32))])
+
+
 def to_spark_batch(batch: pa.RecordBatch, stream: str, target: pa.Schema) -> pa.RecordBatch:
     """A batch from `Reader.arrow()` as a batch of exactly `target`."""
     columns = {name: batch.column(name) for name in batch.schema.names}
     columns["stream"] = stream_column(stream, batch.num_rows)
+    columns["timestampType"] = create_time_column(batch.num_rows)
     arrays = []
     for field in target:
         array = columns[field.name]

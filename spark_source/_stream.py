@@ -9,15 +9,30 @@ ranges and then resumes; nothing here has to be durable.
 
 Admission control: `getDefaultReadLimit` turns maxOffsetsPerTrigger into ReadMaxRows,
 and `latestOffset(start, limit)` shares that budget across partitions in proportion to
-their backlog (`rate_limit`). For Trigger.AvailableNow, `prepareForTriggerAvailableNow`
-pins the end at the offsets available then; the query then runs rate-limited batches up
-to it and stops.
+their backlog (`rate_limit`). minOffsetsPerTrigger has no ReadLimit that crosses from
+Python to the JVM (ReadMinRows carries no delay, and there is no composite limit), so
+`latestOffset` applies it itself, as Kafka's source does: while fewer offsets than that
+are available and maxTriggerDelay has not passed since the last batch, it returns
+`start`, and Spark runs no batch for that trigger. For Trigger.AvailableNow,
+`prepareForTriggerAvailableNow` pins the end at the offsets available then; the query
+then runs rate-limited batches up to it (minOffsetsPerTrigger aside) and stops.
+
+Which partitions: the streams named, the partitions assigned, or (subscribePattern)
+every stream whose name matches at each trigger; a stream that appears later is read
+from its first offset, as Kafka's source reads a new topic.
+
+Progress: `reportLatestOffset` gives the offsets available at the last trigger, which
+Spark shows as `latestOffset` in each progress report beside `endOffset`: their
+difference per partition is how far behind the query is. (pyspark 4.3's Python stream
+reader has no hook for custom source metrics such as Kafka's offsetsBehindLatest.)
 
 Ends are last stable offsets (see _plan.py): a batch never claims records of a
 transaction that is still open.
 """
 
 from __future__ import annotations
+
+import time
 
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
@@ -26,13 +41,15 @@ from streamlog import InvalidArgument
 
 from ._batch import make_splits
 from ._options import SourceOptions
-from ._plan import (check_bound_covers, data_loss, open_readonly, partition_keys,
-                    rate_limit, resolve_start, stable_end)
+from ._plan import (OffsetRange, check_bound_covers, data_loss, open_readonly, rate_limit,
+                    resolve_start, selected_keys, stable_end)
 from ._read import read_range
 from ._schema import target_arrow_schema
+from ._ship import ShipsToExecutors
 
 
-class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class StreamReader(ShipsToExecutors, DataSourceStreamReader,
+                   SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions, schema) -> None:
         assert options.ending is None
         self.options = options
@@ -41,6 +58,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pinned: dict | None = None  # Trigger.AvailableNow: never read past this
         self._available: dict | None = None
         self._view = None  # the driver's read-only view, refreshed at each trigger
+        self._first: dict = {}  # first offsets of the partitions at the last trigger
+        self._last_batch_s = time.monotonic()  # minOffsetsPerTrigger's delay counts from it
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -54,7 +73,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             options = self.options
             log = open_readonly(options.path)
             try:
-                keys = sorted(partition_keys(log, options.streams))
+                keys = sorted(selected_keys(log, options))
                 check_bound_covers(options.starting, keys)
                 self._initial = to_json({key: resolve_start(
                     log, key, options.starting.position(*key), options) for key in keys})
@@ -76,30 +95,51 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pinned = from_json(self._pinned)
             available = {key: min(end, pinned.get(key, end)) for key, end in available.items()}
         self._available = to_json(available)
+        for key in available.keys() - starts.keys():  # a new stream (subscribePattern)
+            starts[key] = self._first[key]
         keys = sorted(starts)
         ends = []
         for key in keys:
-            end = available[key]
+            end = available.get(key, starts[key])
             if end < starts[key]:
                 data_loss(f"{key[0]}/{key[1]}: the log now ends at offset {end}, before offset "
                           f"{starts[key]} that this query already read up to (it was "
                           f"truncated)", self.options.fail_on_data_loss)
                 end = starts[key]
             ends.append(end)
+        if self._holds_back(sum(e - starts[k] for k, e in zip(keys, ends))):
+            return start
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         limited = rate_limit([starts[k] for k in keys], ends, budget)
         return to_json(dict(zip(keys, limited)))
+
+    def _holds_back(self, backlog: int) -> bool:
+        """minOffsetsPerTrigger: whether to run no batch now, with `backlog` offsets
+        available. Not under Trigger.AvailableNow, whose last batch may be small."""
+        least = self.options.min_offsets_per_trigger
+        now = time.monotonic()
+        if least is not None and self._pinned is None and backlog < least:
+            waited_ms = (now - self._last_batch_s) * 1000
+            if waited_ms < self.options.max_trigger_delay_ms:
+                return True
+        if backlog > 0:
+            self._last_batch_s = now
+        return False
 
     def reportLatestOffset(self) -> dict | None:
         return self._available
 
     def partitions(self, start: dict, end: dict):
         starts, ends = self._positions(start), self._positions(end)
+        for key in ends.keys() - starts.keys():  # a new stream (subscribePattern)
+            starts[key] = self._first_offset(key)
         ranges = [(key, starts[key], ends[key]) for key in sorted(ends)
                   if ends[key] > starts[key]]
         return make_splits(self.options, ranges)
 
     def read(self, partition):
+        if not isinstance(partition, OffsetRange):  # nothing planned: Spark's placeholder
+            return iter(())
         return read_range(partition, self.target)
 
     def commit(self, end: dict) -> None:
@@ -115,8 +155,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             self._view.refresh()
         try:
-            return {key: stable_end(self._view, *key)
-                    for key in sorted(partition_keys(self._view, self.options.streams))}
+            keys = sorted(selected_keys(self._view, self.options))
+            self._first = {key: self._view.start_offset(*key) for key in keys}
+            return {key: stable_end(self._view, *key, self.options.read_committed)
+                    for key in keys}
         except BaseException:
             self.stop()
             raise
@@ -127,9 +169,25 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if view is not None:
             view.close()
 
+    def _first_offset(self, key) -> int:
+        """The first offset of a partition that was not in the previous batch."""
+        if key not in self._first:
+            self._stable_ends()
+        return self._first.get(key, 0)
+
     def _positions(self, offsets: dict) -> dict:
-        """Parse offsets from Spark, checking they cover exactly the streams read now."""
+        """Parse offsets from Spark, checking they cover exactly the streams (or the
+        partitions) read now; a pattern's streams may grow."""
         positions = from_json(offsets)
+        if self.options.pattern is not None:
+            return positions
+        assigned = self.options.assigned
+        if assigned is not None and sorted(positions) != sorted(assigned):
+            raise InvalidArgument(f"this query's checkpoint holds offsets of partitions "
+                                  f"{', '.join(f'{s}/{p}' for s, p in sorted(positions))} but "
+                                  f"option 'assign' names "
+                                  f"{', '.join(f'{s}/{p}' for s, p in assigned)}; use a new "
+                                  f"checkpointLocation to read other partitions")
         streams = sorted({key[0] for key in positions})
         if streams != sorted(self.options.streams):
             raise InvalidArgument(f"this query's checkpoint holds offsets of streams "

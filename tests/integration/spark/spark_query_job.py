@@ -13,6 +13,8 @@ job's processes (driver, JVM, Python workers) at POINT:
                         or as plain data in truncate mode), its commit marker is not
     between-partitions  the first partition is committed, the second is not touched
     after-commit        every partition is committed; Spark has not recorded it
+    before-commit       the driver's commit has not begun: through a daemon, every
+                        task's rows are appended in transactions left open
 It does so through a subclass of the sink registered as format("streamlog_crashtest");
 the sink itself has no such hook.
 """
@@ -42,14 +44,16 @@ def crashing_source():
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     class CrashingWriter(StreamWriter):
-        def __init__(self, options, schema, overwrite) -> None:
+        def __init__(self, options, schema, overwrite, crash: str) -> None:
             super().__init__(options, schema, overwrite)
-            point, batch, pid = (options.get("crashAt") or "none:-1:0").split(":")
+            point, batch, pid = crash.split(":")
             self.point, self.batch, self.driver_pid = point, int(batch), int(pid)
 
         def commit(self, messages, batchId: int) -> None:
             if batchId != self.batch:
                 return super().commit(messages, batchId)
+            if self.point == "before-commit":
+                die(self.driver_pid)
             original, calls = commit_module._append_in_txn, []
 
             def append_in_txn(target, stream, number, runs, tag, batch, producer=None):
@@ -79,12 +83,18 @@ def crashing_source():
             die(self.driver_pid)  # after-commit, or a point that was never reached
 
     class CrashingSource(StreamlogDataSource):
+        def __init__(self, options) -> None:
+            # crashAt is this test's option, not the sink's (which refuses unknown names)
+            options = dict(options)
+            self.crash = options.pop("crashAt", None) or options.pop("crashat", "none:-1:0")
+            super().__init__(options)
+
         @classmethod
         def name(cls) -> str:
             return "streamlog_crashtest"
 
         def streamWriter(self, schema, overwrite: bool):
-            return CrashingWriter(self.options, schema, overwrite)
+            return CrashingWriter(self.options, schema, overwrite, self.crash)
 
     return CrashingSource
 

@@ -72,8 +72,10 @@ def test_schema_and_arrow_types(spark, tmp_path):
     write_log(tmp_path / "log", "events", {0: [(None, b"v", EPOCH_US)]})
     frame = load(spark, tmp_path / "log")
     assert frame.schema.simpleString() == ("struct<stream:string,partition:int,offset:bigint,"
-                                           "timestamp:timestamp,key:binary,value:binary>")
-    assert [f.nullable for f in frame.schema.fields] == [False, False, False, False, True, False]
+                                           "timestamp:timestamp,timestampType:int,key:binary,"
+                                           "value:binary>")
+    assert [f.nullable for f in frame.schema.fields] == [False, False, False, False, False,
+                                                         True, False]
     with_headers = load(spark, tmp_path / "log", includeHeaders="true")
     assert with_headers.schema.fieldNames()[-1] == "headers"
     assert with_headers.collect()[0].headers is None
