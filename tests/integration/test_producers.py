@@ -122,11 +122,10 @@ def test_a_killed_producer_process_is_aborted_by_its_successor_at_once(tmp_path)
         assert log.last_stable_offset(S, 0) == log.end_offset(S, 0)
 
 
-def test_through_a_daemon_and_its_fenced_client(tmp_path):
+def test_through_a_daemon_and_its_fenced_client(tmp_path, monkeypatch):
     daemon = ServeProcess(tmp_path / "log", token=TOKEN)
+    monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
     try:
-        import os
-        os.environ["STREAMLOG_TOKEN"] = TOKEN
         with streamlog.open_log(daemon.url) as log:
             log.create_stream(S)
             exercise(log)
@@ -162,12 +161,12 @@ def _task(log, task: int, values: list[bytes]) -> dict:
     return {0: entry}
 
 
-def test_the_sink_replay_aborts_orphans_and_completes_a_commit_cut_short(tmp_path):
+def test_the_sink_replay_aborts_orphans_and_completes_a_commit_cut_short(tmp_path,
+                                                                        monkeypatch):
     from spark_sink import _remote
     daemon = ServeProcess(tmp_path / "log", token=TOKEN)
+    monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
     try:
-        import os
-        os.environ["STREAMLOG_TOKEN"] = TOKEN
         options = SinkOptions(daemon.url)
         with streamlog.open_log(daemon.url) as log:
             log.create_stream("cut")
