@@ -55,6 +55,7 @@ import bisect
 import functools
 import os
 import struct
+import threading
 import time
 from typing import NamedTuple, Protocol
 
@@ -244,6 +245,20 @@ def _entry(key: bytes, stored) -> IndexEntry:
     return entry
 
 
+class _Shared:
+    """An LMDB environment open in this process, and how many Index objects use it."""
+
+    __slots__ = ("env", "writable", "users", "dbs", "verified")
+
+    def __init__(self, env, writable: bool, users: int, dbs: tuple, verified: bool) -> None:
+        self.env, self.writable, self.users = env, writable, users
+        self.dbs, self.verified = dbs, verified
+
+
+_SHARED: dict[str, _Shared] = {}  # by the index directory's real path
+_SHARED_LOCK = threading.Lock()
+
+
 class IndexStore(Protocol):
     """What the partition, its views, recovery and maintenance ask of an index: the
     interface `Index` (LMDB) implements. Every answer is a claim that its caller checks
@@ -305,6 +320,8 @@ class Index:
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
+        if readonly and self._borrow():
+            return
         if not self._check_seal():
             problem = check_lmdb_meta(os.path.join(path, "data.mdb"))
             if problem is None and probe_unsealed():
@@ -327,6 +344,44 @@ class Index:
                 self._env.close()
                 self._env = None
             raise CorruptIndex(f"cannot open index {path}: {error}") from None
+        with _SHARED_LOCK:
+            _SHARED[os.path.realpath(path)] = _Shared(
+                self._env, not readonly, 1, (self._offsets, self._times, self._meta,
+                                             self._txns, self._open), self.verified)
+
+    def _borrow(self) -> bool:
+        """A read-only open of an index this process has open read-only already (LMDB
+        allows one environment per file and process): use that environment. False if
+        there is none (the open then tries its own). A writable one is not borrowed:
+        its read transactions would write to the lock file, and a read-only open
+        changes no file."""
+        with _SHARED_LOCK:
+            shared = _SHARED.get(os.path.realpath(self.path))
+            if shared is None or shared.writable:
+                return False
+            shared.users += 1
+        self._env, self.verified = shared.env, shared.verified
+        self._offsets, self._times, self._meta, self._txns, self._open = shared.dbs
+        try:
+            self._check_format()
+            self.last_entry = self._last_stored()
+        except (lmdb.Error, CorruptIndex, struct.error, ValueError) as error:
+            self._release()
+            raise CorruptIndex(f"cannot open index {self.path}: {error}") from None
+        return True
+
+    def _release(self) -> None:
+        """Stop using the environment; the last user closes it."""
+        env, self._env = self._env, None
+        with _SHARED_LOCK:
+            key = os.path.realpath(self.path)
+            shared = _SHARED.get(key)
+            if shared is not None and shared.env is env:
+                shared.users -= 1
+                if shared.users > 0:
+                    return
+                del _SHARED[key]
+        env.close()
 
     @property
     def seal_path(self) -> str:
@@ -762,8 +817,7 @@ class Index:
                 self._env.sync(True)
             except lmdb.Error:
                 seal = False
-        self._env.close()
-        self._env = None
+        self._release()  # (read-only users may keep it open: they never write to it)
         if seal and not self.readonly:
             data_path = os.path.join(self.path, "data.mdb")
             size = os.path.getsize(data_path)

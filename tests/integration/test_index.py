@@ -104,3 +104,26 @@ def test_index_implements_the_index_store_interface(index):
         assert got == wanted, (name, got, wanted)
     for name in IndexStore.__annotations__:
         assert hasattr(index, name), name
+
+
+def test_read_only_opens_in_one_process_share_the_index(tmp_path, caplog):
+    """LMDB allows one environment per file and process: a second read-only open (a
+    Spark driver's view beside its planner's) uses the first's instead of failing and
+    rebuilding the index from the segments."""
+    import streamlog
+    path = tmp_path / "log"
+    with streamlog.open_log(path) as log:
+        log.create_stream("s")
+        log.append_batch_sync("s", [b"a", b"b"], timestamps_us=[1, 2])
+    first = streamlog.open_log(path, readonly=True)
+    with caplog.at_level("WARNING"):
+        second = streamlog.open_log(path, readonly=True)
+        assert second.offset_for_timestamp("s", 0, 2) == 1
+    assert not [r for r in caplog.records if "rebuilding" in r.getMessage()]
+    first.close()  # the second still reads through the shared environment
+    assert [r.value for r in second.reader("s", 0)] == [b"a", b"b"]
+    assert second.offset_for_timestamp("s", 0, 2) == 1
+    second.close()
+    third = streamlog.open_log(path, readonly=True)  # the last close closed it
+    assert third.end_offset("s", 0) == 2
+    third.close()
