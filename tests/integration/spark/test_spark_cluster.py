@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 TOKEN = "spark-cluster-test-token"
-COUNT = 600  # per partition: 12 micro-batches of 100 offsets
+COUNT = 300  # per partition: 6 micro-batches of 100 offsets
 
 
 class Cluster:

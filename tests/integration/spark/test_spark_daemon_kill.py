@@ -14,7 +14,8 @@ import signal
 import time
 
 import pytest
-from test_spark_exactly_once import Job, make_input
+from spark_helpers import EPOCH_US, write_log
+from test_spark_exactly_once import Job
 
 import streamlog
 from streamlog.testing.serve import ServeProcess
@@ -36,11 +37,14 @@ def test_a_killed_query_through_a_daemon_hides_nothing_after_its_restart(tmp_pat
                                                                         monkeypatch):
     monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
-    inputs = make_input(source)
+    rows = {n: [(b"k%d" % (i % 11), b"d%d-%04d" % (n, i), EPOCH_US + i) for i in range(100)]
+            for n in range(2)}  # 2 micro-batches of 100 offsets
+    write_log(source, "in", rows)
+    inputs = [value for records in rows.values() for _, value, _ in records]
     daemon = ServeProcess(tmp_path / "out", token=TOKEN)
     try:
         args = [str(source), daemon.url, str(checkpoint), "transactional"]
-        crashed = Job(args + ["before-commit:2"], tmp_path / "job-crash.log")
+        crashed = Job(args + ["before-commit:1"], tmp_path / "job-crash.log")
         code = crashed.finish(timeout_s=600)[1]
         assert code == -signal.SIGKILL, (tmp_path / "job-crash.log").read_text()[-3000:]
         with streamlog.open_log(daemon.url) as log:
