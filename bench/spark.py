@@ -29,6 +29,16 @@ streamlog and Parquet runs take turns; `*_median` beside each best):
                             .format("streamlog"), exactly-once (transactional mode)
 The streaming figures are one run each (a fresh checkpoint), from start() to the end
 of awaitTermination(). The machine may be shared: compare ratios measured in one run.
+
+End-to-end latency of a live tail (milliseconds; --latency-records appends, one every
+100 ms to alternating partitions of a 2-partition stream, after a warm-up that waits
+for the query's first rows; trigger(processingTime="0 seconds"), startingOffsets latest;
+each record carries its append time):
+  latency_foreachbatch_p50_ms / _p99_ms   append -> the row reaches foreachBatch
+                                          (measured in that function, on the driver)
+  latency_sink_p50_ms / _p99_ms           append -> the row is visible to a
+                                          read_committed reader of the streamlog sink's
+                                          output log (polled every 5 ms)
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import argparse
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
@@ -67,6 +78,8 @@ def parse_args(argv):
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "spark")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--latency-records", type=int, default=100,
+                        help="records appended for the live-tail latency (0: skip it)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (about 1.3 GB for 1,000,000 records)")
     return parser.parse_args(argv)
@@ -221,6 +234,119 @@ def measure_streams(spark, figures, workdir: Path, log_path: Path, count: int) -
     assert count_records(target, "out") == count
 
 
+def measure_latency(spark, figures, workdir: Path, count: int) -> None:
+    """The live-tail latencies (module docstring), into foreachBatch and into the sink."""
+    import streamlog
+    source, target = workdir / "tail.log", workdir / "tail-out.log"
+    remove(source)
+    remove(target)
+    with streamlog.open_log(source, fsync="always") as log:
+        log.create_stream("tail", partitions=PARTITIONS)
+        seen: list[float] = []
+
+        def arrived(frame, _batch_id) -> None:
+            now = time.time()
+            seen.extend(now - _sent_at(r.value) for r in frame.select("value").collect())
+
+        def tail():
+            return (spark.readStream.format("streamlog").option("path", str(source))
+                    .option("stream", "tail").option("startingOffsets", "latest").load())
+
+        query = (tail().writeStream.foreachBatch(arrived)
+                 .option("checkpointLocation", str(fresh_dir(workdir / "ckpt-tail")))
+                 .trigger(processingTime="0 seconds").start())
+        try:
+            _timed_appends(log, count, seen.clear, lambda: len(seen))
+            _percentiles(figures, "latency_foreachbatch", seen)
+        finally:
+            query.stop()
+        watcher = _OutputWatcher(target)
+        query = (tail().select("key", "value").writeStream.format("streamlog")
+                 .option("path", str(target)).option("stream", "out")
+                 .option("partitions", str(PARTITIONS))
+                 .option("checkpointLocation", str(fresh_dir(workdir / "ckpt-tail-sink")))
+                 .trigger(processingTime="0 seconds").start())
+        try:
+            _timed_appends(log, count, watcher.seen.clear, lambda: len(watcher.seen),
+                           before_each=watcher.poll_until)
+            _percentiles(figures, "latency_sink", watcher.seen)
+        finally:
+            query.stop()
+            watcher.close()
+
+
+def _sent_at(value: bytes) -> float:
+    return int(value.split(b":")[1]) / 1e6
+
+
+def _timed_appends(log, count: int, reset, arrived, before_each=None) -> None:
+    """Warm the query up (until its first rows arrive), then append `count` records
+    100 ms apart, each carrying its append time, and wait for all of them."""
+    def append(label: bytes, partition: int) -> None:
+        log.append_sync("tail", label + b":%d" % (time.time_ns() // 1000),
+                        partition=partition)
+
+    def wait_for(rows: int, deadline: float) -> None:
+        while arrived() < rows:
+            if before_each is not None:
+                before_each(0.005)
+            else:
+                time.sleep(0.005)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {arrived()} of {rows} rows arrived")
+
+    time.sleep(3)  # the query's first (empty) trigger
+    append(b"warm-up", 0)
+    wait_for(1, time.monotonic() + 120)
+    reset()
+    for i in range(count):
+        append(b"%d" % i, i % PARTITIONS)
+        next_at = time.monotonic() + 0.1
+        while time.monotonic() < next_at:
+            if before_each is not None:
+                before_each(0.005)
+            else:
+                time.sleep(0.005)
+    wait_for(count, time.monotonic() + 60)
+
+
+class _OutputWatcher:
+    """Reads the sink's output log as a read_committed reader in another process would
+    (a read-only view, refreshed), noting when each record becomes visible."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.view, self.seen = path, None, []
+        self.next = [0] * PARTITIONS
+
+    def poll_until(self, seconds: float) -> None:
+        import streamlog
+        if self.view is None:
+            if not (self.path / "streamlog.json").exists():
+                time.sleep(seconds)
+                return
+            self.view = streamlog.open_log(self.path, readonly=True)
+        self.view.refresh()
+        now = time.time()
+        for number in range(self.view.partition_count("out") if "out" in
+                            self.view.streams() else 0):
+            with self.view.reader("out", number, from_offset=self.next[number]) as reader:
+                self.seen.extend(now - _sent_at(r.value) for r in reader)
+            self.next[number] = self.view.last_stable_offset("out", number)
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.close()
+
+
+def _percentiles(figures: dict, name: str, seconds: list[float]) -> None:
+    ordered = sorted(seconds)
+    figures[f"{name}_p50_ms"] = ordered[len(ordered) // 2] * 1000
+    figures[f"{name}_p99_ms"] = ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)] * 1000
+    progress(f"  {name}: p50 {figures[f'{name}_p50_ms']:.0f} ms, "
+             f"p99 {figures[f'{name}_p99_ms']:.0f} ms over {len(ordered)} records")
+
+
 def count_records(path: Path, stream: str) -> int:
     import streamlog
     with streamlog.open_log(path, readonly=True) as log:
@@ -244,6 +370,10 @@ ROWS = [
         {"vs parquet": "parquet_read_rps"}),
     Row("streamlog stream -> streamlog", "streamlog_stream_sink_rps", "rows/s",
         {"vs parquet": "parquet_write_rps"}),
+    Row("live tail -> foreachBatch, p50", "latency_foreachbatch_p50_ms", "ms"),
+    Row("live tail -> foreachBatch, p99", "latency_foreachbatch_p99_ms", "ms"),
+    Row("live tail -> streamlog sink, p50", "latency_sink_p50_ms", "ms"),
+    Row("live tail -> streamlog sink, p99", "latency_sink_p99_ms", "ms"),
     Row("estimate: read, Arrow, 2 cores", "estimate_read_rps", "rows/s"),
     Row("estimate: driver commit", "estimate_commit_rps", "rows/s"),
 ]
@@ -276,6 +406,10 @@ def run(args) -> tuple[dict, list[str]]:
         with phase("streaming"):
             attempt("streams", lambda: measure_streams(spark, figures, workdir, log_path,
                                                        args.records), failures)
+        if args.latency_records > 0:
+            with phase("live-tail latency (trigger 0 s)"):
+                attempt("latency", lambda: measure_latency(spark, figures, workdir,
+                                                           args.latency_records), failures)
     finally:
         spark.stop()
         if not args.keep:
