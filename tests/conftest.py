@@ -27,3 +27,13 @@ def open_logs():
     yield open_one
     for log in reversed(opened):
         log.close()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`./dev test` runs two pytest-xdist workers (`--dist loadgroup`): the Spark tests
+    stay together on one (one SparkSession, one JVM at a time), the rest share the other
+    and whatever the Spark worker leaves. Spark's tests mostly wait (JVM start-ups,
+    triggers), so the two halves overlap well on two cores."""
+    for item in items:
+        if "integration/spark/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -123,6 +123,9 @@ def main(input_log: str, output_log: str, checkpoint: str, mode: str,
             print(f"progress {seen}", flush=True)
         time.sleep(0.05)
     query.awaitTermination()
+    progress = query.lastProgress  # a batch that ended between two looks above
+    if progress is not None and progress["batchId"] != seen:
+        print(f"progress {progress['batchId']}", flush=True)
     print("done", flush=True)
     spark.stop()
 

@@ -37,8 +37,8 @@ def test_a_killed_query_through_a_daemon_hides_nothing_after_its_restart(tmp_pat
                                                                         monkeypatch):
     monkeypatch.setenv("STREAMLOG_TOKEN", TOKEN)
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
-    rows = {n: [(b"k%d" % (i % 11), b"d%d-%04d" % (n, i), EPOCH_US + i) for i in range(100)]
-            for n in range(2)}  # 2 micro-batches of 100 offsets
+    rows = {n: [(b"k%d" % (i % 11), b"d%d-%04d" % (n, i), EPOCH_US + i) for i in range(150)]
+            for n in range(2)}  # 3 micro-batches of 100 offsets
     write_log(source, "in", rows)
     inputs = [value for records in rows.values() for _, value, _ in records]
     daemon = ServeProcess(tmp_path / "out", token=TOKEN)
