@@ -166,6 +166,10 @@ class OperatorRuntime:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if output_mode not in ("truncate", "skip"):
             raise InvalidArgument(f"output_mode must be 'truncate' or 'skip' ({output_mode!r})")
+        if output_mode == "skip" and getattr(operator, "recovers_from_output", False):
+            raise InvalidArgument("output_mode='skip' cannot be used with CEC: its recovery "
+                                  "rebuilds the windows from the output log and cuts the "
+                                  "output after that point; use output_mode='truncate'")
         if isinstance(chunk_records, bool) or not isinstance(chunk_records, int) or not (
                 1 <= chunk_records <= CHUNK_RECORDS_MAX):
             raise InvalidArgument(f"chunk_records must be an int in 1..{CHUNK_RECORDS_MAX}")

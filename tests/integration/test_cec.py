@@ -513,3 +513,18 @@ def test_cec_recovery_report_is_shown_phase_by_phase(tmp_path):
                                                       "replay"}
     output_log.close()
     input_log.close()
+
+
+def test_cec_refuses_skip_mode_instead_of_truncating_silently(tmp_path):
+    """CEC's recovery cuts the output after its reconstruction point; 'skip' would be a
+    promise it does not keep."""
+    with streamlog.open_log(tmp_path / "in", fsync="never") as input_log, \
+            streamlog.open_log(tmp_path / "out", fsync="never") as output_log:
+        input_log.create_stream("in")
+        output_log.create_stream("out")
+        with pytest.raises(InvalidArgument, match="skip.*CEC"):
+            OperatorRuntime(AggregateOperator(COUNT, cec=CECPolicy()), input_log=input_log,
+                            input_stream="in", output_log=output_log, output_stream="out",
+                            output_mode="skip")
+        OperatorRuntime(AggregateOperator(COUNT), input_log=input_log, input_stream="in",
+                        output_log=output_log, output_stream="out", output_mode="skip")
