@@ -194,8 +194,12 @@ def test_a_killed_commit_is_aborted_at_the_restarts_first_commit_beside_a_produc
         "log = streamlog.open_log(sys.argv[1])\n"
         "for i in range(10**6):\n"
         "    log.append_sync('out', b'p%06d' % i, partition=i % 2)\n"
-        "    time.sleep(0.005)\n"), str(tmp_path / "log")])
+        "    if i == 0:\n"
+        "        print('appending', flush=True)\n"
+        "    time.sleep(0.005)\n"), str(tmp_path / "log")], stdout=subprocess.PIPE,
+        text=True)
     try:
+        assert producer.stdout.readline().strip() == "appending"  # it writes beside us
         killed = subprocess.run([sys.executable, "-c", (
             "import os, signal, sys, streamlog\n"
             "log = streamlog.open_log(sys.argv[1])\n"
