@@ -213,9 +213,7 @@ class Partition:
             with self.exclusive():
                 self._check_open(txn_id)
                 if kind == RecordKind.COMMIT:
-                    producer = self.view().producer_of(txn_id)
-                    if producer is not None:
-                        self._check_epoch(*producer)
+                    self._check_producer(txn_id)
                 return self.appender.write_from_job([self._marker_piece(txn_id, kind, value)])
         return self.run_job(job)
 
@@ -227,8 +225,10 @@ class Partition:
                 view = self.view()
                 pieces = []
                 for txn_id in sorted(view.open_txn_candidates()):
-                    if self.confirmed_txn_state(txn_id) is TxnState.OPEN and (
-                            view.producer_of(txn_id) or ("",))[0] == transactional_id:
+                    if self.confirmed_txn_state(txn_id) is not TxnState.OPEN:
+                        continue
+                    producer = view.producer_of(txn_id)
+                    if producer is not None and producer[0] == transactional_id:
                         pieces.append(self._marker_piece(txn_id, RecordKind.ABORT, b""))
                 epoch = self.next_offset + len(pieces)  # the fence's own offset
                 fence = new_txn_id()
@@ -270,20 +270,23 @@ class Partition:
         state = self.txn_state(txn_id)
         if state is None or state is TxnState.OPEN:
             return
-        producer = self.view().producer_of(txn_id)
-        if producer is not None:
-            self._check_epoch(*producer)
+        self._check_producer(txn_id)
         raise InvalidArgument(f"transaction {txn_id:#x} is {state.name.lower()} in "
                               f"{self.name}: nothing more can be appended to it")
 
     def _check_open(self, txn_id: int) -> None:
         state = self.confirmed_txn_state(txn_id)
         if state is not TxnState.OPEN:
-            producer = self.view().producer_of(txn_id) if state is not None else None
-            if producer is not None:
-                self._check_epoch(*producer)
+            if state is not None:
+                self._check_producer(txn_id)  # a fenced one's: say so
             what = "has no data" if state is None else f"is {state.name.lower()}"
             raise InvalidArgument(f"transaction {txn_id:#x} {what} in {self.name}")
+
+    def _check_producer(self, txn_id: int) -> None:
+        """ProducerFenced when a producer began the transaction and has been fenced."""
+        producer = self.view().producer_of(txn_id)
+        if producer is not None:
+            self._check_epoch(*producer)
 
     def _check_epoch(self, transactional_id: str, epoch: int) -> None:
         latest = self.view().producer_epoch(transactional_id)
