@@ -25,7 +25,7 @@ import weakref
 
 import xxhash
 
-from . import layout
+from . import holds as holds_module, layout
 from .appender import Piece
 from .config import LogConfig
 from .errors import (CorruptIndex, InvalidAppend, InvalidArgument, LogClosed, LogLocked,
@@ -552,6 +552,29 @@ class Log:
         """Forget every record after `offset` (crash-safe). Returns the new end offset."""
         return self.partition(stream, partition).truncate_after(offset)
 
+    # -- durable holds (holds.py): positions retention keeps, across processes --------
+
+    def hold(self, stream: str, partition: int, name: str, offset: int) -> None:
+        """Keep offsets >= `offset` of the partition from retention under `name`, in
+        every process and across restarts, until `release_hold`. Allowed on a read-only
+        open (a consumer holds the input it still needs)."""
+        self._check_open()
+        part = self.partition(stream, partition)
+        holds_module.set_hold(self.fileio, part.directory, name, offset,
+                              self.clock.wall_us())
+
+    def release_hold(self, stream: str, partition: int, name: str) -> bool:
+        """Remove the durable hold `name`; False when there was none."""
+        self._check_open()
+        return holds_module.release(self.fileio, self.partition(stream, partition).directory,
+                                    name)
+
+    def holds(self, stream: str, partition: int = 0) -> dict[str, dict]:
+        """The partition's durable holds: {name: {"offset", "updated_us"}} (a damaged
+        hold file shows "damaged" and holds everything)."""
+        self._check_open()
+        return holds_module.read_holds(self.fileio, self.partition(stream, partition).directory)
+
     def apply_retention(self, now_us: int | None = None) -> list[str]:
         """Delete whole old segments past the retention bounds; returns deleted paths."""
         now_us = self.clock.wall_us() if now_us is None else now_us
@@ -578,7 +601,8 @@ class Log:
                     "min_timestamp_us": first.min_timestamp_us if first else None,
                     "max_timestamp_us": part.hwm_us,
                     "recovery": part.report.as_dict(),
-                    "verified": read_scrub_status(self.fileio, part.directory)})
+                    "verified": read_scrub_status(self.fileio, part.directory),
+                    "holds": holds_module.read_holds(self.fileio, part.directory)})
             out["streams"][stream] = {"partitions": parts}
         return out
 

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 
-from . import maintenance
+from . import holds, maintenance
 from .appender import Appender, Pending, Piece, Waiter
 from .records import RecordKind
 from .txn import (TxnState, encode_begin, encode_commit, encode_epoch, new_txn_id,
@@ -669,8 +669,13 @@ class Partition:
             self._holds.pop(token, None)
 
     def min_hold(self) -> int | None:
+        """The lowest offset held by a reader in this process or by a durable hold."""
         with self._holds_lock:
-            return min(self._holds.values(), default=None)
+            held = list(self._holds.values())
+        durable = holds.lowest(self.fileio, self.directory)
+        if durable is not None:
+            held.append(durable)
+        return min(held, default=None)
 
     # -- truncate and retention (run on the writer thread) ---------------------------
 
