@@ -60,6 +60,23 @@ class ProducerFenced(StreamLogError):
     one's transactions were aborted, and its appends and commits are refused."""
 
 
+class DataLossError(StreamLogError):
+    """Recovering exactly needs input that is gone (removed by retention): input offsets
+    `first_lost`..`last_lost` of `source` ("stream/partition"). Raised unless the caller
+    opted in to data loss (`fail_on_data_loss=False`), as Spark's Kafka source does."""
+
+    def __init__(self, source: str, first_lost: int, last_lost: int, why: str) -> None:
+        self.source = source
+        self.first_lost = first_lost
+        self.last_lost = last_lost
+        self.why = why
+        super().__init__(f"cannot recover exactly: {why}; input {source} offsets "
+                         f"{first_lost}..{last_lost} are gone (retention). Keep input "
+                         f"longer (the operator holds its position, see Log.hold), or "
+                         f"pass fail_on_data_loss=False to continue from the earliest "
+                         f"retained input")
+
+
 class CorruptionError(StreamLogError):
     """Bytes on disk are not what the log wrote."""
 

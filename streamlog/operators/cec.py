@@ -63,6 +63,7 @@ import dataclasses
 import gc
 import heapq
 import json
+import logging
 import struct
 import sys
 import time
@@ -72,8 +73,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import CorruptionError, InvalidArgument
-from .recovery_report import LOAD, RECONSTRUCT, TRUNCATE, RecoveryReport
+from ..errors import CorruptionError, DataLossError, InvalidArgument
+from .recovery_report import LOAD, RECONSTRUCT, TRUNCATE, RecoveryReport, recovery_log
 from ..records import RecordKind
 
 # Value of every output record: in_offset, n_open, hwm_us, first_offset, last_offset,
@@ -85,6 +86,7 @@ _STATE_WINDOW = struct.Struct("<Iqqqqqqqq")  # key length, first, last, start, e
 #                                              sum, min, max
 _STATE_MAGIC = b"AGG1"
 _NO_HWM = -(1 << 63)
+operators_log = logging.getLogger("streamlog.operators")
 _G_OPEN, _G_CHECK, _DATA = int(RecordKind.G_OPEN), int(RecordKind.G_CHECK), 0
 # Bounds.
 GCHECKS_PER_CHUNK_MAX = 1 << 20
@@ -191,6 +193,7 @@ class AggregateStats:
     g_open: int = 0
     g_check: int = 0
     late_records: int = 0
+    q_raised_to: int = 0  # the Q actually used when the one asked for could not be met
 
 
 class AggregateOperator:
@@ -214,6 +217,7 @@ class AggregateOperator:
         self.value_of = value_of
         self.clock = clock
         self.stats = AggregateStats()
+        self._warned_q = False
         self.reset_to_initial_state()
 
     @property
@@ -441,6 +445,18 @@ class AggregateOperator:
 
     def _emit_gchecks(self, out, policy: CECPolicy, deadline: float | None) -> None:
         order, q_target, u_target = self.order, policy.q_target, policy.u_target
+        if q_target is not None and q_target < len(order):
+            # The extent holds at least one footprint per open window: Q below N cannot
+            # be met, and chasing it would write a G_CHECK per window per pass.
+            if not self._warned_q:
+                self._warned_q = True
+                operators_log.warning(
+                    "CEC: Q=%d cannot be met with %d windows open (the extent holds a "
+                    "footprint of each); using Q=%d. Raise Q above the number of open "
+                    "windows, or bound G_CHECK time with ci_ms/cp_ms", q_target, len(order),
+                    len(order))
+            self.stats.q_raised_to = len(order)
+            q_target = len(order)
         t_now, offset, hwm = self.last_ts, self.last_offset, self.hwm
         bound = min(len(order), policy.gchecks_per_chunk_max)
         for emitted in range(bound):
@@ -460,19 +476,74 @@ class AggregateOperator:
 
     # -- recovery: rebuild the eventual checkpoint from the output --------------------------
 
-    def recover_from_output(self, target, input_start: int, report: RecoveryReport) -> int:
-        """CEC recovery (module docstring). Returns the input offset to replay from."""
+    def recover_from_output(self, target, input_start: int, report: RecoveryReport, *,
+                            fail_on_data_loss: bool = True, source: str = "input",
+                            dry_run: bool = False) -> int:
+        """CEC recovery (module docstring). Returns the input offset to replay from.
+        Raises DataLossError when input the windows open at the cut still need is gone,
+        unless fail_on_data_loss is False (then it replays from `input_start` and logs
+        the offsets lost). A dry run reads the extent and reports, changing nothing."""
         assert self.cec is not None
         self.reset_to_initial_state()
         end = target.log.end_offset(target.stream, target.partition)
         with _gc_paused(), report.phase(RECONSTRUCT):
             found = reconstruct(target.log, target.stream, target.partition, report)
+        report.cut_input_offset = found.cut_input if found.last is not None else None
+        if found.cut_output < end:
+            report.output_records_truncated = end - found.cut_output
+        if dry_run:
+            start, lost = self._replay_start(found, input_start)
+            report.input_offsets_lost = lost
+            return start
+        start, lost = self._replay_start(found, input_start)
+        if lost is not None:  # decided before anything is truncated
+            error = DataLossError(source, lost[0], lost[1], self._loss_reason(found, start))
+            if fail_on_data_loss:
+                report.note(str(error))
+                raise error
+            report.input_offsets_lost = lost
+            text = (f"data loss accepted (fail_on_data_loss=False): {error.why}; input "
+                    f"offsets {lost[0]}..{lost[1]} are lost; the windows open at the cut "
+                    f"continue without them")
+            report.note(text)
+            recovery_log.warning("%s", text)
         with report.phase(TRUNCATE):
             if found.cut_output < end:
                 target.log.truncate_after(target.stream, target.partition, found.cut_output - 1)
-                report.output_records_truncated = end - found.cut_output
         with _gc_paused(), report.phase(LOAD):
             return self._load(found, input_start, report)
+
+    def _replay_start(self, found: EventualCheckpoint,
+                      input_start: int) -> tuple[int, tuple[int, int] | None]:
+        """The input offset an exact replay starts from, and the offsets (first, last)
+        it needs that retention removed (None: none)."""
+        if found.last is None:
+            return input_start, None
+        if not found.complete:
+            # The footprints are gone (output retention): only a replay of all the input
+            # from the operator's start is exact; offsets before the input's start are
+            # gone, and the operator may have read some of them.
+            return 0, ((0, input_start - 1) if input_start > 0 else None)
+        start = int(found.records["in_offset"].min()) + 1 if len(found.records) else (
+            found.last.in_offset + 1)
+        return start, ((start, input_start - 1) if start < input_start else None)
+
+    @staticmethod
+    def _loss_reason(found: EventualCheckpoint, start: int) -> str:
+        if not found.complete:
+            return (f"the output no longer holds the footprints of the "
+                    f"{found.last.n_open} open windows, and rebuilding them needs the input "
+                    f"from the operator's start")
+        return (f"the {found.last.n_open} windows open at the cut (input offset "
+                f"{found.cut_input - 1}) need the input from offset {start}")
+
+    def required_positions(self) -> tuple[int, int | None]:
+        """(input offset, output offset) a recovery from now would read back to: the
+        oldest footprint's (retention must keep them, DESIGN 2)."""
+        if not self.order:
+            return self.last_offset + 1, None
+        oldest = next(iter(self.order.values()))
+        return oldest.fp_in + 1, oldest.fp_out
 
     def _load(self, found: EventualCheckpoint, input_start: int,
               report: RecoveryReport) -> int:
@@ -505,9 +576,7 @@ class AggregateOperator:
         self.hwm = anchor_hwm
         report.windows_loaded = len(self.open)
         start = anchor_in + 1
-        if start < input_start:
-            report.note(f"input offsets {start}..{input_start - 1} are gone (retention): "
-                        f"replaying from {input_start}")
+        if start < input_start:  # data loss accepted (recover_from_output)
             start = input_start
         return start
 
@@ -604,7 +673,9 @@ FOOTPRINT_DTYPE = np.dtype([(name, "<f8" if name == "avg" else "<i8")
                             for name in WindowRecord._fields])
 assert FOOTPRINT_DTYPE.itemsize == WINDOW_RECORD.size
 # Records per group of batches that the backward walk processes with one set of
-# vectorised calls (hash the keys, find each key's newest record).
+# vectorised calls (hash the keys, find each key's newest record): the first group, and
+# the bound the size doubles up to.
+GROUP_RECORDS_FIRST = 1 << 8
 GROUP_RECORDS = 1 << 17
 
 
@@ -686,6 +757,9 @@ class _Walk:
         self.found_count = 0
         self.group: list[tuple] = []
         self.group_rows = 0
+        # Walk small groups first and double: a small extent is found after reading
+        # little more than itself, a large one with few vectorised passes.
+        self.group_target = GROUP_RECORDS_FIRST
 
     def add(self, columns, count: int, report: RecoveryReport) -> bool:
         """Take rows [0, count) of a batch; True once all N footprints are found."""
@@ -694,7 +768,8 @@ class _Walk:
         if count:
             self.group.append(_batch_columns(columns, count))
             self.group_rows += count
-        if self.group_rows >= GROUP_RECORDS:
+        if self.group_rows >= self.group_target:
+            self.group_target = min(self.group_target * 2, GROUP_RECORDS)
             self._walk_group(report)
         return self.complete
 
@@ -785,7 +860,8 @@ def run_aggregate_job(spec: dict) -> dict:
     """Open the input (read-only) and output logs named in `spec`, recover, run to the
     input end, close. `spec`: input_path, input_stream, output_path, output_stream,
     mode ("none" | "crb" | "cec"), window {kind, size}, cec {CECPolicy fields},
-    checkpoint_interval_s, store_path, chunk_records, fsync, output_options, progress."""
+    checkpoint_interval_s, store_path, chunk_records, fsync, output_options, progress,
+    hold_input, fail_on_data_loss."""
     import streamlog
     from .checkpoint import CheckpointPolicy, CheckpointStore
     from .runtime import OperatorRuntime
@@ -804,7 +880,9 @@ def run_aggregate_job(spec: dict) -> dict:
             operator, input_log=input_log, input_stream=spec["input_stream"],
             output_log=output_log, output_stream=spec["output_stream"],
             checkpointing=policy, store=store, chunk_records=int(spec.get("chunk_records", 256)),
-            progress=print_progress() if spec.get("progress") else None)
+            progress=print_progress() if spec.get("progress") else None,
+            hold_input=bool(spec.get("hold_input", True)),
+            fail_on_data_loss=bool(spec.get("fail_on_data_loss", True)))
         report = runtime.recover()
         runtime.run()
         runtime.close()

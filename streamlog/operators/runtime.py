@@ -45,14 +45,19 @@ from typing import Callable, Protocol
 
 import pyarrow as pa
 
-from .checkpoint import Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer, CheckpointStore
-from ..errors import InvalidArgument, StreamLogError
-from .recovery_report import LOAD, LOCATE, REPLAY, TRUNCATE, RecoveryReport
+from .alignment import NOTE_KEY, NOTE_KIND, Facts, Plan, last_note, note_value, plan_recovery
+from .checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
+                         CheckpointRequest, CheckpointStore)
+from ..errors import DataLossError, InvalidArgument, OffsetOutOfRange, StreamLogError
+from .recovery_report import (DEFAULT_PROGRESS, LOAD, LOCATE, REPLAY, TRUNCATE, RecoveryReport,
+                              default_progress, recovery_log)
 from ..records import RecordKind
 
 # Bounds (house style: a limit on everything).
 CHUNK_RECORDS_MAX = 1 << 16
 FOLLOW_IDLE_POLLS_MAX = 1 << 40  # effectively "until stopped", but still a bound
+HOLD_INTERVAL_S = 1.0  # how often the durable holds move forward (each is two fsyncs)
+NOTE_IDLE_RECORDS = 1 << 16  # a note is written after this much input without output
 
 
 class InputChunk:
@@ -86,7 +91,7 @@ class OutputBuffer:
     needs it for CEC's extent bookkeeping)."""
 
     __slots__ = ("base_offset", "values", "keys", "timestamps_us", "kinds", "has_control",
-                 "checkpoint_requested")
+                 "checkpoint_requested", "checkpoint_policy", "_checkpoint_request")
 
     def __init__(self, base_offset: int) -> None:
         self.base_offset = base_offset
@@ -96,6 +101,9 @@ class OutputBuffer:
         self.kinds: list[int] = []
         self.has_control = False
         self.checkpoint_requested = False
+        # Set by the runtime (SPL's getCheckpointingInterval); a lone buffer has none.
+        self.checkpoint_policy = CheckpointPolicy.disabled()
+        self._checkpoint_request: CheckpointRequest | None = None
 
     @property
     def next_offset(self) -> int:
@@ -110,9 +118,36 @@ class OutputBuffer:
         if kind:
             self.has_control = True
 
-    def request_checkpoint(self) -> None:
-        """Operator-driven checkpoint: taken when the current chunk ends."""
+    def request_checkpoint(self) -> CheckpointRequest:
+        """Operator-driven checkpoint, taken when the current chunk ends (with the offsets
+        of that boundary); its serialisation and store write then run in the background.
+
+        Returns:
+            a handle, done once the checkpoint is durable (`done()`, `wait(timeout_s)`
+            -> the Checkpoint, `sequence_id` once the chunk has ended). Requests in one
+            chunk share one checkpoint and one handle. With checkpointing disabled it
+            completes at the chunk end and wait() returns None. Do not wait on it inside
+            this chunk: its snapshot is taken after process_chunk returns.
+        """
         self.checkpoint_requested = True
+        if self._checkpoint_request is None:
+            self._checkpoint_request = CheckpointRequest()
+        return self._checkpoint_request
+
+    def take_checkpoint_request(self) -> CheckpointRequest | None:
+        """The runtime's side: the request of the chunk that ended (None: none), cleared."""
+        request = self._checkpoint_request
+        if request is None and self.checkpoint_requested:  # the flag set directly
+            request = CheckpointRequest()
+        self._checkpoint_request = None
+        self.checkpoint_requested = False
+        return request
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """The periodic checkpoint interval in seconds; 0.0 unless the policy
+        (`checkpoint_policy`, set by the runtime) is periodic."""
+        return self.checkpoint_policy.interval_s
 
     def reset(self, base_offset: int) -> None:
         self.base_offset = base_offset
@@ -146,6 +181,17 @@ class RunStats:
     control_records: int = 0
     chunks: int = 0
     checkpoints_requested: int = 0
+    input_records_lost: int = 0  # skipped with fail_on_data_loss=False
+
+
+def _consistent(ckpt_input: int | None, ckpt_output: int | None, read_to: int,
+                aligned: int) -> bool:
+    """A checkpoint fits the output when its offsets are not past the last note; one
+    taken after the note with no output since (a stretch of input that produced none)
+    fits too."""
+    if ckpt_input is None or ckpt_output is None:
+        return False
+    return ckpt_output <= aligned and (ckpt_input <= read_to or ckpt_output == aligned)
 
 
 class OperatorRuntime:
@@ -153,16 +199,30 @@ class OperatorRuntime:
 
     Args:
         checkpointing: a CheckpointPolicy for CRB (requires `store`); None for none.
-        output_mode: "truncate" (forget output after the checkpoint) or "skip".
+        output_mode: "truncate" (forget output after the checkpoint and regenerate it) or
+            "skip" (keep it; replay with the output suppressed).
         chunk_records: records per chunk (one output append per chunk).
-        progress: recovery progress callback (see recovery_report.print_progress).
+        progress: recovery progress callback (see recovery_report.print_progress); the
+            default shows progress on stderr when it is a terminal. Every phase is also
+            sent to `logging` ("streamlog.recovery").
+        fail_on_data_loss: when an exact recovery needs input that retention removed,
+            raise DataLossError (True, the default) or continue from the earliest
+            retained input with a fresh state, logging the offsets lost (False).
+        hold_input: keep a durable hold on the input (Log.hold) at the oldest offset a
+            recovery would need, so that retention never removes it (DESIGN 2); CEC
+            operators also hold their output's extent. `hold_name` names it.
+        stateless: the operator keeps no state between records, so recovery resumes at
+            the last position note without replaying (default: the operator's own
+            `stateless` attribute, else False).
     """
 
     def __init__(self, operator, *, input_log, input_stream: str, output_log,
                  output_stream: str, input_partition: int = 0, output_partition: int = 0,
                  checkpointing: CheckpointPolicy | None = None,
                  store: CheckpointStore | None = None, output_mode: str = "truncate",
-                 chunk_records: int = 1024, progress: Callable | None = None,
+                 chunk_records: int = 1024, progress: Callable | None = DEFAULT_PROGRESS,
+                 fail_on_data_loss: bool = True, hold_input: bool = True,
+                 hold_name: str | None = None, stateless: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if output_mode not in ("truncate", "skip"):
             raise InvalidArgument(f"output_mode must be 'truncate' or 'skip' ({output_mode!r})")
@@ -176,6 +236,9 @@ class OperatorRuntime:
         if checkpointing is not None and checkpointing.mode is not CheckpointMode.DISABLED and (
                 store is None):
             raise InvalidArgument("checkpointing needs a CheckpointStore")
+        if not isinstance(fail_on_data_loss, bool):
+            raise InvalidArgument(f"fail_on_data_loss must be True or False "
+                                  f"(got {fail_on_data_loss!r})")
         self.operator = operator
         self.input_log, self.input_stream, self.input_partition = (
             input_log, input_stream, input_partition)
@@ -191,21 +254,35 @@ class OperatorRuntime:
                                              clock=clock)
         self.output_mode = output_mode
         self.chunk_records = chunk_records
-        self.progress = progress
+        self.progress = default_progress() if progress is DEFAULT_PROGRESS else progress
+        self.fail_on_data_loss = fail_on_data_loss
+        self.stateless = bool(getattr(operator, "stateless", False) if stateless is None
+                              else stateless)
+        self.from_output = bool(getattr(operator, "recovers_from_output", False))
+        self.hold_name = hold_name or f"operator.{output_stream}.{output_partition}"
+        self.hold_input = hold_input
+        self.clock = clock
         self.stats = RunStats()
         self.report: RecoveryReport | None = None
+        self.plan: Plan | None = None
         self.input_next = 0
         self.out = OutputBuffer(0)
-        self._skip_remaining = 0
+        self.out.checkpoint_policy = self.checkpoint_policy  # readable in process_chunk
+        self.origin = 0  # the input offset the operator's state has absorbed input since
+        self._quiet = False  # replaying input whose output is published already
         self._replay_until: int | None = None
         self._recovered = False
+        self._held: tuple[int | None, int | None] = (None, None)
+        self._hold_due = 0.0
+        self._noted_input = 0  # input_next of the last position note written
+        self._noted_once = False  # a note was written by this run or found by recovery
+        self._last_input_us = 0
 
     # -- positions ------------------------------------------------------------------
 
     @property
     def output_next(self) -> int:
-        """Offset of the next output record in the deterministic output sequence (the
-        log end, except while "skip" mode is still counting off regenerated records)."""
+        """Offset of the next output record (the output's end between chunks)."""
         return self.out.next_offset
 
     def positions(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -214,88 +291,183 @@ class OperatorRuntime:
 
     # -- recovery -------------------------------------------------------------------
 
-    def recover(self, *, replay: bool = True) -> RecoveryReport:
+    def recover(self, *, replay: bool = True, dry_run: bool = False) -> RecoveryReport:
         """Bring the operator back to where the output says it was; see the module
-        docstring. With replay=True, also replay the input to its current end."""
+        docstring. With replay=True, also replay the input the crashed run had read.
+        With dry_run=True, only work out and report what recovery would do: nothing is
+        truncated, loaded or replayed (a CEC operator still reads its extent)."""
         assert not self._recovered, "recover() runs once, before run()"
         report = RecoveryReport(progress=self.progress)
         self.report = report
         if self.output_stream not in self.output_log.streams():
+            if dry_run:
+                report.method = "none"
+                report.note(f"dry run: output stream {self.output_stream!r} does not exist")
+                return report
             self.output_log.create_stream(self.output_stream, self.output_partition + 1)
         self._check_output_partition()
-        if getattr(self.operator, "recovers_from_output", False):
-            report.method = "cec"
-            target = OutputTarget(self.output_log, self.output_stream, self.output_partition)
-            start = self.operator.recover_from_output(target, self._input_start(), report)
-            self.input_next = start
-            if report.output_records_truncated == 0 and self._output_range()[1] == 0:
-                report.method = "none"
-            self.out.reset(self.output_log.end_offset(self.output_stream,
-                                                      self.output_partition))
+        report.input_end_offset = self._input_end()
+        if self.from_output:
+            self._recover_from_output(report, dry_run)
         else:
-            self._recover_from_store(report)
-        report.replay_from_offset = self.input_next
-        report.replay_to_offset = self._input_end()
-        if report.method == "none":  # a first start: nothing to catch up with
-            report.replay_to_offset = self.input_next
+            self._recover_by_plan(report, dry_run)
+        if dry_run:
+            report.dry_run = True
+            report.finish()
+            return report
         self._recovered = True
+        self._update_holds(force=True)
         if replay:
             self.replay()
         return report
 
     def replay(self) -> None:
-        """Replay the input up to the end recovery found; report progress."""
+        """Replay the input up to where the crashed run had read; report progress."""
         report = self.report
         assert report is not None and self._recovered
         with report.phase(REPLAY):
             self._replay_until = report.replay_to_offset
             self._process(to_offset=report.replay_to_offset, max_records=None)
             self._replay_until = None
+        if self._quiet:
+            self._end_quiet()
         report.finish()
 
-    def _recover_from_store(self, report: RecoveryReport) -> None:
+    def _recover_from_output(self, report: RecoveryReport, dry_run: bool) -> None:
+        """CEC: the operator rebuilds its state from the output (cec.py)."""
+        report.method = "cec"
+        target = OutputTarget(self.output_log, self.output_stream, self.output_partition)
+        options = {"fail_on_data_loss": self.fail_on_data_loss, "source": self.input_key}
+        if dry_run:
+            options["dry_run"] = True
+        start = self.operator.recover_from_output(target, self._input_start(), report,
+                                                  **options)
+        self.input_next = start
+        if report.output_records_truncated == 0 and self._output_range()[1] == 0:
+            report.method = "none"
+        report.replay_from_offset = start
+        cut = getattr(report, "cut_input_offset", None)
+        report.replay_to_offset = max(start, cut if cut is not None else start)
+        self.out.reset(self.output_log.end_offset(self.output_stream, self.output_partition))
+
+    def _recover_by_plan(self, report: RecoveryReport, dry_run: bool) -> None:
+        """Checkpoint roll-back, full replay or resume, by the output's position notes
+        (alignment.py)."""
         out_start, out_end = self._output_range()
         in_start = self._input_start()
-        ckpt = None
         with report.phase(LOCATE):
-            if self.store is not None:
-                ckpt = self.store.latest(lambda c: in_start <= c.input_offsets.get(
-                    self.input_key, -1) and out_start <= c.output_offsets.get(
-                    self.output_key, -1) <= out_end)
-        with report.phase(LOAD):
-            if ckpt is not None:
-                report.method = "crb"
-                report.checkpoint_sequence_id = ckpt.sequence_id
-                report.state_bytes_loaded = len(ckpt.state)
-                self.operator.reset(ckpt)
-                self.input_next = ckpt.input_offsets[self.input_key]
-                keep_to = ckpt.output_offsets[self.output_key]
-            else:
-                report.method = "full_replay" if out_end > out_start else "none"
-                self.operator.reset_to_initial_state()
-                self.input_next = in_start
-                keep_to = out_start
-                if report.method == "full_replay":
-                    report.note(f"no usable checkpoint: replaying "
-                                f"{self._input_end() - in_start:,} input records from the "
-                                f"start of retention (offset {in_start})")
-        self._forget_output(keep_to, out_end, report)
-
-    def _forget_output(self, keep_to: int, out_end: int, report: RecoveryReport) -> None:
-        """Make output offsets >= keep_to be regenerated: truncate, or skip them."""
-        assert keep_to <= out_end
+            note = last_note(self.output_log, self.output_stream, self.output_partition)
+            ckpt = None
+            if self.store is not None and note is not None:
+                read_to, aligned = note.input_next, note.output_offset + 1
+                ckpt = self.store.latest(lambda c: _consistent(
+                    c.input_offsets.get(self.input_key), c.output_offsets.get(self.output_key),
+                    read_to, aligned))
+            facts = Facts(
+                self.input_key, in_start, self._input_end(), out_start, out_end, note, ckpt,
+                None if ckpt is None else ckpt.input_offsets[self.input_key],
+                None if ckpt is None else ckpt.output_offsets[self.output_key],
+                self.output_mode == "truncate", self.stateless, self.fail_on_data_loss)
+            try:
+                plan = plan_recovery(facts)
+            except DataLossError as error:
+                report.note(str(error))
+                recovery_log.error("%s", error)
+                raise
+        self.plan = plan
+        report.method = plan.method
+        report.replay_from_offset = plan.replay_from
+        report.replay_to_offset = plan.replay_to
+        report.read_by_crashed_run = plan.read_by_crashed_run
+        for text in plan.notes:
+            report.note(text)
+        if plan.lost is not None:
+            report.input_offsets_lost = plan.lost
+            recovery_log.warning("%s", plan.notes[-1])
+        if plan.checkpoint is not None:
+            report.checkpoint_sequence_id = plan.checkpoint.sequence_id
+            report.state_bytes_loaded = len(plan.checkpoint.state)
+        if plan.truncate_to is not None:
+            report.output_records_truncated = out_end - plan.truncate_to
+        if dry_run:
+            return
         with report.phase(TRUNCATE):
-            if self.output_mode == "truncate":
-                if out_end > keep_to:
-                    self.output_log.truncate_after(self.output_stream, self.output_partition,
-                                                   keep_to - 1)
-                    report.output_records_truncated = out_end - keep_to
-                assert self._output_range()[1] == keep_to
-                self._skip_remaining = 0
+            if plan.truncate_to is not None:
+                self.output_log.truncate_after(self.output_stream, self.output_partition,
+                                               plan.truncate_to - 1)
+        end = self._output_range()[1]
+        if end != plan.output_next:
+            raise StreamLogError(f"output {self.output_key} changed during recovery: it ends "
+                                 f"at {end}, expected {plan.output_next}")
+        with report.phase(LOAD):
+            if plan.checkpoint is not None:
+                self.operator.reset(plan.checkpoint)
+            elif not self.stateless:
+                self.operator.reset_to_initial_state()
+        self.origin = plan.origin
+        self.input_next = plan.replay_from
+        self._noted_input = plan.read_by_crashed_run
+        self._noted_once = plan.method != "none"
+        self._quiet = plan.quiet and plan.replay_to > plan.replay_from
+        self.out.reset(end)
+
+    def _end_quiet(self) -> None:
+        """The quiet replay reached the input the output covers: from here on, output
+        is appended again, after the last note."""
+        self._quiet = False
+        self.input_next = max(self.input_next, self.plan.live_from)
+        self.out.reset(self._output_range()[1])
+
+    # -- durable holds: retention keeps what a recovery would need ---------------------
+
+    def required_positions(self) -> tuple[int | None, int | None]:
+        """(oldest input offset, oldest output offset) that a recovery from here would
+        read (None: no need)."""
+        if self.from_output:
+            need = getattr(self.operator, "required_positions", None)
+            return need() if need is not None else (self.input_next, None)
+        if self.stateless:
+            return self._noted_input, None
+        if self.checkpointer is not None and self.checkpointer.stats.written:
+            ckpt = self.store.latest()
+            if ckpt is not None and self.input_key in ckpt.input_offsets:
+                return ckpt.input_offsets[self.input_key], None
+        return self.origin, None
+
+    def _update_holds(self, *, force: bool = False) -> None:
+        if not self.hold_input:
+            return
+        now = self.clock()
+        if not force and now < self._hold_due:
+            return
+        self._hold_due = now + HOLD_INTERVAL_S
+        need_in, need_out = self.required_positions()
+        held_in, held_out = self._held
+        if need_in is not None and need_in != held_in:
+            hold = getattr(self.input_log, "hold", None)
+            if hold is None:
+                if held_in is None:
+                    recovery_log.warning("the input log cannot hold positions (a remote "
+                                         "log): retention may remove input a recovery needs")
             else:
-                self._skip_remaining = out_end - keep_to
-                report.output_records_skipped = self._skip_remaining
-        self.out.reset(keep_to)
+                hold(self.input_stream, self.input_partition, self.hold_name, need_in)
+        if need_out is not None and need_out != held_out:
+            hold = getattr(self.output_log, "hold", None)
+            if hold is not None:
+                hold(self.output_stream, self.output_partition, self.hold_name, need_out)
+        self._held = (need_in, need_out)
+
+    def release_holds(self) -> None:
+        """Drop this operator's durable holds (it is retired: nothing will recover it)."""
+        for log_, stream, partition in ((self.input_log, self.input_stream,
+                                         self.input_partition),
+                                        (self.output_log, self.output_stream,
+                                         self.output_partition)):
+            release = getattr(log_, "release_hold", None)
+            if release is not None:
+                release(stream, partition, self.hold_name)
+        self._held = (None, None)
+        self.hold_input = False
 
     def _check_output_partition(self) -> None:
         count = self.output_log.partition_count(self.output_stream)
@@ -330,17 +502,41 @@ class OperatorRuntime:
                 to_offset is not None and self.input_next >= to_offset)
             if done or not follow or (stop is not None and stop.is_set()):
                 break
+            self._update_holds()
             time.sleep(poll_s)
+        if not self._quiet:
+            self._update_holds(force=True)
         return total
 
     def _process(self, *, to_offset: int | None, max_records: int | None) -> int:
+        total = 0
+        if self._quiet:  # first the input whose output is published already
+            replay_to = self.plan.replay_to
+            total = self._read(to_offset=replay_to if to_offset is None else min(
+                to_offset, replay_to), max_records=max_records)
+            if self.input_next < replay_to:
+                return total  # stopped by to_offset, max_records or the input's end
+            self._end_quiet()
+            if max_records is not None:
+                max_records -= total
+                if max_records <= 0:
+                    return total
+        return total + self._read(to_offset=to_offset, max_records=max_records)
+
+    def _read(self, *, to_offset: int | None, max_records: int | None) -> int:
         if to_offset is not None and self.input_next >= to_offset:
             return 0
         if self.input_next >= self._input_end():
             return 0
         total = 0
-        reader = self.input_log.reader(self.input_stream, self.input_partition,
-                                       from_offset=self.input_next, to_offset=to_offset)
+        try:
+            reader = self.input_log.reader(self.input_stream, self.input_partition,
+                                           from_offset=self.input_next, to_offset=to_offset)
+        except OffsetOutOfRange:
+            if not self._skip_lost_input():
+                return 0
+            reader = self.input_log.reader(self.input_stream, self.input_partition,
+                                           from_offset=self.input_next, to_offset=to_offset)
         try:
             for batch in reader.arrow():
                 for lo in range(0, batch.num_rows, self.chunk_records):
@@ -354,6 +550,23 @@ class OperatorRuntime:
             reader.close()
         return total
 
+    def _skip_lost_input(self) -> bool:
+        """Retention removed input this operator had not read yet (it was not held):
+        raise DataLossError, or with fail_on_data_loss=False skip to the input's start
+        and say what was lost. Returns True when there is input left to read."""
+        start = self._input_start()
+        if start <= self.input_next:
+            return True
+        error = DataLossError(self.input_key, self.input_next, start - 1,
+                              "retention removed input the operator had not read yet")
+        if self.fail_on_data_loss:
+            raise error
+        recovery_log.warning("data loss accepted (fail_on_data_loss=False): %s; skipping "
+                             "input offsets %d..%d", error.why, self.input_next, start - 1)
+        self.stats.input_records_lost += start - self.input_next
+        self.input_next = start
+        return True
+
     def _run_chunk(self, batch: pa.RecordBatch) -> int:
         chunk = InputChunk(batch)
         n = len(chunk)
@@ -361,6 +574,7 @@ class OperatorRuntime:
         assert chunk.offsets[0] >= self.input_next
         self.operator.process_chunk(chunk, self.out)
         self.input_next = chunk.offsets[-1] + 1
+        self._last_input_us = chunk.timestamps_us[-1]
         after = getattr(self.operator, "after_chunk", None)
         if after is not None:
             after(self.out)
@@ -371,53 +585,114 @@ class OperatorRuntime:
             self.report.input_records_replayed += n
             self.report.input_bytes_replayed += batch.column(4).nbytes
             self.report.tick()
-        self._maybe_checkpoint()
+        if not self._quiet:
+            self._maybe_checkpoint()
+            self._update_holds()
         return n
 
     def _flush(self) -> None:
+        """Append the chunk's output, ended by a position note (alignment.py); in a
+        quiet replay, drop it (it is in the log already)."""
         out = self.out
         count = len(out.values)
-        if count == 0:
+        if self._quiet:
+            if self.report is not None:
+                self.report.output_records_skipped += count
+            requested = out.checkpoint_requested
+            out.reset(out.base_offset)
+            out.checkpoint_requested = requested
             return
-        skip = min(self._skip_remaining, count)
-        self._skip_remaining -= skip
-        if skip < count:
-            kinds = out.kinds[skip:] if out.has_control else None
-            result = self.output_log.append_batch_sync(
-                self.output_stream, out.values[skip:], keys=out.keys[skip:],
-                timestamps_us=out.timestamps_us[skip:], partition=self.output_partition,
-                kinds=kinds)
-            first, last = result.ranges[self.output_partition]
-            if first != out.base_offset + skip:
-                raise StreamLogError(f"output {self.output_key} was appended to by someone "
-                                     f"else: expected offset {out.base_offset + skip}, "
-                                     f"got {first}")
-            assert last == out.base_offset + count - 1
-            self.stats.output_records += count - skip
-            if out.has_control:
-                self.stats.control_records += len(kinds) - kinds.count(0)
+        # A note ends every append; a chunk without output gets one only when it is the
+        # first since recovery (so the output records the state's origin, and every
+        # checkpoint is taken after a note) or after a long stretch without output.
+        note = not self.from_output and (count > 0 or not self._noted_once or (
+            self.input_next - self._noted_input >= NOTE_IDLE_RECORDS))
+        if count == 0 and not note:
+            return
+        values, keys, stamps = out.values, out.keys, out.timestamps_us
+        kinds = out.kinds if out.has_control else None
+        if note:
+            if kinds is None:
+                kinds = [0] * count
+            values.append(note_value(self.input_key, self.input_next, self.origin))
+            keys.append(NOTE_KEY)
+            stamps.append(stamps[-1] if stamps else self._note_time_us())
+            kinds.append(NOTE_KIND)
+        total = len(values)
+        result = self.output_log.append_batch_sync(
+            self.output_stream, values, keys=keys, timestamps_us=stamps,
+            partition=self.output_partition, kinds=kinds)
+        first, last = result.ranges[self.output_partition]
+        if first != out.base_offset:
+            raise StreamLogError(f"output {self.output_key} was appended to by someone "
+                                 f"else: expected offset {out.base_offset}, got {first}")
+        assert last == out.base_offset + total - 1
+        self.stats.output_records += count
+        if kinds is not None:
+            self.stats.control_records += total - kinds.count(0)
+        if note:
+            self._noted_input = self.input_next
+            self._noted_once = True
         requested = out.checkpoint_requested
-        out.reset(out.base_offset + count)
+        out.reset(out.base_offset + total)
         out.checkpoint_requested = requested
 
+    def _note_time_us(self) -> int:
+        """A note with no result beside it takes the time of the last input record
+        processed, so notes never move the output's high-water mark past its input's
+        (DESIGN 5: control records do not move it anyway)."""
+        return self._last_input_us
+
     def _maybe_checkpoint(self) -> None:
-        if self.checkpointer is None:
-            return
-        if self.out.checkpoint_requested:
-            self.out.checkpoint_requested = False
+        """At a chunk end: the operator's request, else maybe a periodic checkpoint. Only
+        the snapshot runs here; serialisation and the store write run in the background."""
+        assert self.out.checkpoint_policy == self.checkpoint_policy, (
+            "the output buffer lost its checkpoint policy (OperatorRuntime.__init__ sets it)")
+        request = self.out.take_checkpoint_request()
+        if request is not None:
             self.stats.checkpoints_requested += 1
-            self.checkpointer.create_checkpoint(*self.positions())
-        else:
+            self._start_checkpoint(request)
+        elif self.checkpointer is not None:
             self.checkpointer.maybe_periodic(*self.positions())
 
-    def checkpoint_now(self) -> Checkpoint | None:
-        """Operator-driven checkpoint from outside the operator (between chunks)."""
+    def _start_checkpoint(self, request: CheckpointRequest) -> CheckpointRequest:
         if self.checkpointer is None:
-            return None
-        return self.checkpointer.create_checkpoint(*self.positions())
+            request.set_result(None)
+            return request
+        return self.checkpointer.request_checkpoint(*self.positions(), request=request)
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        """How this operator is checkpointed (disabled without a store); the operator
+        sees the same as `out.checkpoint_policy` inside process_chunk."""
+        if self.checkpointer is None:
+            return CheckpointPolicy.disabled()
+        return self.checkpointer.policy
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """The periodic interval in seconds; 0.0 unless the policy is periodic."""
+        return self.checkpoint_policy.interval_s
+
+    def request_checkpoint(self) -> CheckpointRequest:
+        """Operator-driven checkpoint from outside the operator, between chunks: the
+        snapshot is taken now, serialisation and the write finish in the background.
+        Returns the handle (see OutputBuffer.request_checkpoint)."""
+        return self._start_checkpoint(CheckpointRequest())
+
+    def checkpoint_now(self) -> Checkpoint | None:
+        """Operator-driven checkpoint from outside the operator (between chunks), blocking:
+        returns the checkpoint once it is durable, or None when checkpointing is off.
+
+        Raises:
+            StreamLogError: it (or an earlier one) failed, or was not durable within
+                checkpoint.CLOSE_WAIT_S_MAX.
+        """
+        return self.request_checkpoint().wait()
 
     def close(self) -> None:
-        """Wait for an in-flight checkpoint write. The logs belong to the caller."""
+        """Wait (bounded) for the checkpoints in flight; raise a checkpoint failure. The
+        logs belong to the caller."""
         if self.checkpointer is not None:
             self.checkpointer.close()
 

@@ -276,10 +276,11 @@ def test_crb_recovery_forgets_output_after_the_checkpoint(tmp_path, output_mode)
     first.recover()
     first.run(max_records=1800)
     ckpt = first.checkpoint_now()
-    assert ckpt.input_offsets == {"in/0": 1800} and ckpt.output_offsets == {"out/0": 1800}
+    # 1,800 results and a position note after each chunk of 100.
+    assert ckpt.input_offsets == {"in/0": 1800} and ckpt.output_offsets == {"out/0": 1818}
     first.run(max_records=1300)  # output written after the checkpoint, then a "crash"
     first.close()
-    assert output_log.end_offset("out") == 3100
+    assert output_log.end_offset("out") == 3131
     operator = RunningSum()
     progress = []
     second = _runtime(operator, input_log, output_log, store, CheckpointPolicy.operator_driven(),
@@ -290,10 +291,13 @@ def test_crb_recovery_forgets_output_after_the_checkpoint(tmp_path, output_mode)
     assert report.method == "crb"
     assert report.checkpoint_sequence_id == ckpt.sequence_id
     assert operator.resets[-1] == ckpt.sequence_id
-    assert report.replay_from_offset == 1800 and report.input_records_to_replay == 3200
+    # Replay covers what the crashed run had read (to 3,100), not the whole input.
+    assert report.replay_from_offset == 1800 and report.input_records_to_replay == 1300
+    assert report.catch_up_records == 1900
     if output_mode == "truncate":
-        assert report.output_records_truncated == 1300
+        assert report.output_records_truncated == 1313
     else:
+        assert report.output_records_truncated == 0
         assert report.output_records_skipped == 1300
     second.run()
     assert _output_values(output_log) == expected
@@ -317,7 +321,9 @@ def test_operator_driven_requests_checkpoint_at_the_chunk_end(tmp_path):
     found = [store.get(i) for i in store.sequence_ids()]
     # Requested at offsets 249, 499, 749, 999: taken when their chunk of 100 ends.
     assert [c.input_offsets["in/0"] for c in found] == [300, 500, 800, 1000]
-    assert all(c.output_offsets["out/0"] == c.input_offsets["in/0"] for c in found)
+    # One result per input record, and a position note per chunk of 100.
+    assert all(c.output_offsets["out/0"] == c.input_offsets["in/0"] * 101 // 100
+               for c in found)
     assert [_SUM.unpack(c.state)[1] for c in found] == [300, 500, 800, 1000]
     for closing in (store, output_log, input_log):
         closing.close()
@@ -342,16 +348,16 @@ def test_a_checkpoint_past_the_output_end_is_not_used(tmp_path):
     second = _runtime(RunningSum(), input_log, output_log, store,
                       CheckpointPolicy.operator_driven(), chunk_records=100)
     report = second.recover()
-    assert new.output_offsets["out/0"] == 1200
+    assert new.output_offsets["out/0"] == 1212 and old.output_offsets["out/0"] == 505
     assert report.checkpoint_sequence_id == old.sequence_id
-    assert report.output_records_truncated == 400
+    assert report.output_records_truncated == 900 - 505
     second.run()
     assert _output_values(output_log) == expected
     for closing in (store, output_log, input_log):
         closing.close()
 
 
-def test_without_a_checkpoint_recovery_replays_everything(tmp_path):
+def test_without_a_checkpoint_recovery_replays_what_the_crashed_run_read(tmp_path):
     input_log = _input(tmp_path / "in", 1500)
     expected = _failure_free(tmp_path, input_log)
     store = CheckpointStore(tmp_path / "ckpt")
@@ -365,11 +371,17 @@ def test_without_a_checkpoint_recovery_replays_everything(tmp_path):
                       chunk_records=100)
     report = second.recover(replay=False)
     assert report.method == "full_replay"
-    assert report.replay_from_offset == 0 and report.input_records_to_replay == 1500
-    assert report.output_records_truncated == 700
-    assert any("1,500 input records from the start of retention" in n for n in report.notes)
+    # The state is rebuilt from the input the crashed run read; its output is kept
+    # (published already) and the replay's copy of it is suppressed.
+    assert report.replay_from_offset == 0 and report.input_records_to_replay == 700
+    assert report.output_records_truncated == 0
+    assert any("offsets 0..699 (700 records)" in n for n in report.notes)
+    kept = output_log.end_offset("out")
     second.replay()
-    assert report.input_records_replayed == 1500
+    assert report.input_records_replayed == 700
+    assert report.output_records_skipped == 700
+    assert output_log.end_offset("out") == kept  # nothing appended twice
+    second.run()
     assert _output_values(output_log) == expected
     for closing in (store, output_log, input_log):
         closing.close()
@@ -388,10 +400,10 @@ def test_replay_progress_is_shown_while_it_runs(tmp_path):
     runtime.report.interval_s = 0.0  # show every tick
     runtime.replay()
     replay_counts = [count for phase, count in seen if phase == REPLAY]
-    assert replay_counts[0] == 0 and replay_counts[-1] == 2000
-    assert len(replay_counts) >= 20  # one per chunk of 100, while it ran
+    assert replay_counts[0] == 0 and replay_counts[-1] == 500
+    assert len(replay_counts) >= 5  # one per chunk of 100, while it ran
     assert replay_counts == sorted(replay_counts)
-    assert seen[-1] == ("done", 2000)
+    assert seen[-1] == ("done", 500)
     output_log.close()
     input_log.close()
 
