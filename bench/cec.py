@@ -60,6 +60,19 @@ the price; timestamps rise by 10 us per record; keys are uniformly random.
     cp{N}_throughput_rps (the paper measured response time; the operator's throughput
     shows the same cost of the time spent on G_CHECKs).
 
+(d) Recovery against the extent (1k to 1M records). One slow window stays open while
+    every other key opens and closes a window of 2 records (G_OPEN, then R: one output
+    record per input record), with G_OPEN only, so the extent is the output written
+    since the slow window opened: the input is 2E fast records, the slow key's record,
+    then E fast records, and the extent is E records while the log holds 3E. A new
+    operator recovers (reconstruct + load, no replay):
+      extent{E}_scanned: output records read backwards (the extent, plus the records of
+        the last input offset and the rest of the oldest batch read);
+      extent{E}_ratio: scanned / extent; extent{E}_ec_load_s: reconstruct + load seconds;
+      extent{E}_bytes_read / extent{E}_log_bytes: stored bytes read vs the whole log.
+    With the same runs, the checkpoint overhead with a slow serialiser is
+    bench/checkpoint_overhead.py (its own results file).
+
 Crash trials. crash_trials random-crash recoveries, half CEC and half CRB: a child
 process runs the job (streamlog.operators.cec.job_main) on 20,000 skewed records and is killed
 with SIGKILL at a random moment (uniform over the time an uninterrupted run took), up
@@ -182,6 +195,7 @@ class Job:
         (figures["ec_load_s"], figures["ec_load_cpu_s"], figures["reconstruct_s"],
          figures["load_s"]) = timings[len(timings) // 2]
         figures["extent"] = report.output_records_scanned
+        self.last_report = report
         figures["windows"] = report.windows_loaded
         figures["replay_records"] = crash_at - report.replay_from_offset
         figures["replay_mb"] = figures["replay_records"] * TUPLE_BYTES / 1e6
@@ -487,6 +501,9 @@ TARGETS = [
            lambda f: f["gopen_overhead_pct_slow"] < 10),
     Target("EC load of a 500,000-record extent < 0.5 s (paper: 14-27 s)",
            lambda f: f["ec_load_s_500k"] < 0.5),
+    Target("(d) recovery reads at most 2x the extent + 2,000 records, at every extent",
+           lambda f: all(f[k] <= 2 * f[k.replace("_scanned", "_live")] + 2000
+                         for k in f if k.startswith("extent") and k.endswith("_scanned"))),
     Target("recovery does not grow with the log: full log within 1.5x (+0.1 s) of half",
            lambda f: f["recovery_s_full_log"] <= 1.5 * f["recovery_s_half_log"] + 0.1),
     Target("every random-crash recovery gives the failure-free output",
@@ -526,9 +543,79 @@ def report(figures: dict) -> None:
         print(f"{name:12}" + "".join(f"{fmt_number(c):>12}" for c in cells) +
               f"   {paper[0]} | {paper[1]}")
     print()
+    print("(d) recovery against the extent: one slow window, G_OPEN only")
+    print(f"{'extent':>10}{'log records':>14}{'read':>12}{'read/extent':>13}"
+          f"{'EC load s':>11}{'bytes read':>14}{'log bytes':>14}")
+    for extent in (1_000, 10_000, 100_000, 1_000_000, 50_000):
+        name = f"extent{_short(extent)}"
+        if f"{name}_scanned" not in figures:
+            continue
+        print(f"{fmt_number(figures[name + '_live']):>10}"
+              f"{fmt_number(figures[name + '_output_records']):>14}"
+              f"{fmt_number(figures[name + '_scanned']):>12}"
+              f"{figures[name + '_ratio']:>13.2f}{figures[name + '_ec_load_s']:>11.3f}"
+              f"{fmt_number(figures[name + '_bytes_read']):>14}"
+              f"{fmt_number(figures[name + '_log_bytes']):>14}")
+    print()
     print(f"crash trials: {figures.get('crash_trials')} run, "
           f"{figures.get('crash_trials_exact')} gave exactly the failure-free results")
     print_targets(figures, TARGETS)
+
+
+# -------------------------------------------------------------------- (d) extent sweep
+
+def measure_extent_sweep(args, figures: dict) -> None:
+    for extent in args.extents:
+        attempt(f"extent {extent:,}", lambda: _extent_run(args, extent, figures),
+                args.failures)
+
+
+def _extent_input(path: Path, extent: int) -> streamlog.Log:
+    """2E fast records, one slow-key record, E fast records (module docstring, (d))."""
+    remove(path)
+    log = streamlog.open_log(path, fsync="never")
+    log.create_stream("in")
+    pad = bytes(VALUE_BYTES - 8)
+    value = struct.pack("<q", 7) + pad
+    total = 3 * extent + 1
+    slow_at = 2 * extent
+    for lo in range(0, total, GEN_BATCH):
+        rows = range(lo, min(total, lo + GEN_BATCH))
+        keys = [b"slow-key" if i == slow_at else b"%08d" % ((i - (i > slow_at)) // 2)
+                for i in rows]
+        log.append_batch_sync("in", [value] * len(rows), keys=keys,
+                              timestamps_us=[i * 10 for i in rows])
+    return log
+
+
+def _extent_run(args, extent: int, figures: dict) -> None:
+    workdir = args.workdir
+    with phase(f"(d) extent {extent:,}: input {3 * extent + 1:,} tuples"):
+        input_log = _extent_input(workdir / "in-d", extent)
+    try:
+        job = Job(workdir, f"extent{extent}", input_log, 2, mode="cec", cec=CECPolicy(),
+                  chunk_records=8192)
+        wall, _ = job.run_to(3 * extent + 1)
+        live = job.operator.extent_records()
+        progress(f"  ran {3 * extent + 1:,} tuples in {wall:.1f} s; extent {live:,}")
+        result = job.crash_and_recover(repeats=3 if extent <= 100_000 else 1)
+        name = f"extent{_short(extent)}"
+        figures[f"{name}_live"] = live
+        figures[f"{name}_scanned"] = result["extent"]
+        figures[f"{name}_ratio"] = result["extent"] / max(1, live)
+        figures[f"{name}_ec_load_s"] = result["ec_load_s"]
+        figures[f"{name}_bytes_read"] = job.last_report.output_bytes_read
+        figures[f"{name}_log_bytes"] = job.output.info()["streams"]["out"]["partitions"][0][
+            "bytes"]
+        figures[f"{name}_output_records"] = result["output_records"]
+        job.close()
+    finally:
+        input_log.close()
+        remove(workdir / "in-d")
+
+
+def _short(n: int) -> str:
+    return f"{n // 1_000_000}m" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k"
 
 
 # -------------------------------------------------------------------- main
@@ -551,7 +638,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--crb-interval-s", type=float, default=1.0)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "cec")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", default="", help="comma-separated: a, b, crash")
+    parser.add_argument("--skip", default="", help="comma-separated: a, b, d, crash")
+    parser.add_argument("--extents", default=None, help="comma-separated extents for (d) "
+                        "(default 1000,10000,100000,1000000; --quick 1000,10000,50000)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.records_a = args.records_a or (30_000 if quick else 200_000)
@@ -561,6 +650,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.keys = args.keys or (10_000 if quick else 100_000)
     if quick:
         args.repeats, args.trials = min(args.repeats, 1), min(args.trials, 2)
+    args.extents = [int(x) for x in (args.extents or (
+        "1000,10000,50000" if quick else "1000,10000,100000,1000000")).split(",")]
     return args
 
 
@@ -578,6 +669,8 @@ def main(argv: list[str] | None = None) -> None:
                 attempt("throughput", lambda: measure_throughput(args, figures), args.failures)
         if "b" not in skip:
             measure_recovery(args, figures)
+        if "d" not in skip:
+            measure_extent_sweep(args, figures)
         if "crash" not in skip:
             with phase(f"crash trials ({args.trials})"):
                 attempt("crash trials", lambda: measure_crash_trials(args, figures),

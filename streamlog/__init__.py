@@ -12,18 +12,32 @@ crash recovery.
 from .api import LogAPI
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
-                     InvalidAppend, InvalidArgument, LogClosed, LogLocked, OffsetOutOfRange,
+                     DataLossError, InvalidAppend, InvalidArgument, LogClosed, LogLocked,
+                     OffsetOutOfRange,
                      PartitionFailed, ProducerFenced, ReadOnlyLog, StreamLogError,
                      UnknownStream)
 from .log import Log, open_log, partition_for_key, writer_in_this_process
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
 
+# The operator layer (streamlog.operators) is exported here too, imported on first use:
+# it loads Arrow compute and msgpack, which a plain append or read does not need.
+_OPERATOR_NAMES = ("OperatorRuntime", "CheckpointStore", "CheckpointPolicy",
+                   "AggregateOperator", "WindowSpec", "CECPolicy", "read_aggregate_results")
+
+
+def __getattr__(name: str):
+    if name in _OPERATOR_NAMES:
+        from . import operators
+        return getattr(operators, name)
+    raise AttributeError(f"module 'streamlog' has no attribute {name!r}")
+
 __all__ = [
     "open_log", "writer_in_this_process", "Log", "LogAPI", "Reader", "LogConfig", "FsyncPolicy", "Compression",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",
-    "ProducerFenced",
+    "ProducerFenced", "DataLossError",
+    *_OPERATOR_NAMES,
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
 ]

@@ -1,5 +1,25 @@
 """The operator layer, above the storage core: state checkpoints and their store
-(checkpoint.py, DESIGN 7), an operator runtime that recovers by checkpoint roll-back
-(runtime.py), windowed aggregates with continuous eventual checkpointing (cec.py,
-DESIGN 8) and the live report of a recovery's phases (recovery_report.py). These use the
-log only through its public API (open_log, readers, appends, truncate_after)."""
+(checkpoint.py, DESIGN 7), an operator runtime that lines output up with input by
+position notes and recovers by checkpoint roll-back, replay or resume (runtime.py,
+alignment.py), windowed aggregates with continuous eventual checkpointing (cec.py,
+DESIGN 8), the state codec (codec.py) and the live report of a recovery's phases
+(recovery_report.py). These use the log only through its public API (open_log, readers,
+appends, truncate_after, holds).
+
+The names a user needs are exported here (and from `streamlog`)."""
+
+from .cec import (AggregateOperator, AggregateResult, CECPolicy, WindowSpec,
+                  read_aggregate_results)
+from .checkpoint import (Checkpoint, CheckpointPolicy, CheckpointRequest, CheckpointStore,
+                         StateHandler)
+from .codec import DEFAULT_CODEC, MsgpackCodec, StateCodec
+from .recovery_report import RecoveryReport, print_progress
+from .runtime import InputChunk, OperatorRuntime, OutputBuffer
+
+__all__ = [
+    "OperatorRuntime", "InputChunk", "OutputBuffer", "RecoveryReport", "print_progress",
+    "Checkpoint", "CheckpointPolicy", "CheckpointRequest", "CheckpointStore", "StateHandler",
+    "StateCodec", "MsgpackCodec", "DEFAULT_CODEC",
+    "AggregateOperator", "AggregateResult", "CECPolicy", "WindowSpec",
+    "read_aggregate_results",
+]

@@ -115,6 +115,43 @@ def decode_window_record(value: bytes) -> WindowRecord:
     return WindowRecord(*WINDOW_RECORD.unpack(value))
 
 
+class AggregateResult(NamedTuple):
+    """One closed window's aggregate, as `read_aggregate_results` yields it. `start_us`
+    and `end_us`: the window's bounds (time windows) or its first and last record's
+    timestamps (count windows); `first_offset` / `last_offset`: the input offsets of its
+    first and last record; `offset` / `timestamp_us`: the result's place in the output."""
+
+    key: bytes | None
+    start_us: int
+    end_us: int
+    count: int
+    sum: int
+    min: int
+    max: int
+    avg: float
+    first_offset: int
+    last_offset: int
+    offset: int
+    timestamp_us: int
+
+
+def read_aggregate_results(log, stream: str, partition: int = 0, *, from_offset=None,
+                           to_offset=None, follow: bool = False):
+    """The results of an AggregateOperator's output, typed (footprints and position
+    notes are control records and never appear). Raises CorruptionError for a record
+    that is not an aggregate result."""
+    reader = log.reader(stream, partition, from_offset=from_offset, to_offset=to_offset,
+                        follow=follow)
+    try:
+        for record in reader:
+            r = decode_window_record(record.value)
+            yield AggregateResult(record.key, r.start_us, r.end_us, r.count, r.sum, r.min,
+                                  r.max, r.avg, r.first_offset, r.last_offset, record.offset,
+                                  record.timestamp_us)
+    finally:
+        reader.close()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WindowSpec:
     """`kind` "count" (size = records) or "time" (size = microseconds)."""
