@@ -255,6 +255,13 @@ class AggregateOperator:
         self.clock = clock
         self.stats = AggregateStats()
         self._warned_q = False
+        if cec is not None and cec.u_target is not None and (
+                cec.u_target < cec.background_every_records):
+            operators_log.warning(
+                "CEC: U=%d cannot be met: G_CHECKs are decided every %d input records "
+                "(background_every_records), so the replay grows past U between two "
+                "decisions; set background_every_records <= U", cec.u_target,
+                cec.background_every_records)
         self.reset_to_initial_state()
 
     @property

@@ -101,6 +101,8 @@ STORE_KEEP_MAX = 1024
 REQUEST_WAIT_S_MAX = 3600.0
 # Checkpoints queued for the worker; each holds a snapshot in memory until written.
 PENDING_MAX = 4
+# Dropped periodic checkpoints (more than written) before the interval is called unmeetable.
+DROPS_BEFORE_WARNING = 8
 # Checkpoints one worker thread runs before it hands the queue to a fresh thread.
 WORKER_JOBS_MAX = 1 << 16
 
@@ -477,12 +479,23 @@ class Checkpointer:
         interval = self.policy.interval_s
         ticks = int((now - self._next_due) // interval) + 1
         self._next_due += ticks * interval  # the next tick after now; missed ticks are gone
+        if self._next_due <= now:  # floating-point rounding put it on `now` exactly
+            self._next_due += interval
         assert self._next_due > now
         with self._cond:
             busy = self._unfinished > 0
         if busy:
             self.stats.dropped += 1
             log.info("periodic checkpoint dropped: the previous one is still in flight")
+            if self.stats.dropped == DROPS_BEFORE_WARNING and (
+                    self.stats.dropped > self.stats.written):
+                spent = (self.stats.serialize_seconds + self.stats.write_seconds) / max(
+                    1, self.stats.written)
+                log.warning("checkpoint interval %.3f s cannot be met: a checkpoint takes "
+                            "%.3f s to serialise and write, so %d of %d periodic "
+                            "checkpoints were dropped; raise the interval, or make the "
+                            "state cheaper to serialise", self.policy.interval_s, spent,
+                            self.stats.dropped, self.stats.dropped + self.stats.started)
             return Outcome.DROPPED
         self._submit(self._snapshot(input_offsets, output_offsets), None)
         return Outcome.STARTED

@@ -3,6 +3,7 @@ the operator runtime on real files."""
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 
@@ -212,6 +213,34 @@ def test_overlapping_periodic_checkpoints_are_dropped(tmp_path):
         assert len(ids) == 2 and ids[0] < ids[1]  # not queued: nothing for the dropped ticks
         assert [inner.get(i).input_offsets["in/0"] for i in ids] == [1, 5]
         assert checkpointer.stats.written == 2
+
+
+def test_an_interval_shorter_than_a_checkpoint_is_warned_once(tmp_path, caplog):
+    clock = ManualClock()
+    with CheckpointStore(tmp_path / "ckpt", keep=10) as inner:
+        store = BlockingStore(inner)
+        checkpointer = Checkpointer(RunningSum(), store, CheckpointPolicy.periodic(0.02),
+                                    clock=clock)
+        clock.now = 1.0
+        assert checkpointer.maybe_periodic({"in/0": 1}, {"out/0": 1}) is Outcome.STARTED
+        assert store.entered.acquire(timeout=10)
+        with caplog.at_level(logging.WARNING, logger="streamlog.checkpoint"):
+            for tick in range(1, 12):  # every tick falls due while the write blocks
+                clock.now = 1.0 + 0.05 * tick  # past the next tick each time
+                assert checkpointer.maybe_periodic({"in/0": 2}, {"out/0": 2}) is (
+                    Outcome.DROPPED)
+        warnings = [r.getMessage() for r in caplog.records if "cannot be met" in
+                    r.getMessage()]
+        assert len(warnings) == 1 and "interval 0.020 s" in warnings[0]
+        # Clock readings on multiples of the interval once made floating-point rounding
+        # put the next tick on `now` and failed an assertion inside the operator.
+        outcomes = set()
+        for tick in range(12, 400):
+            clock.now = 1.0 + 0.02 * tick
+            outcomes.add(checkpointer.maybe_periodic({"in/0": 2}, {"out/0": 2}))
+        assert outcomes <= {Outcome.DROPPED, Outcome.NOT_DUE} and Outcome.DROPPED in outcomes
+        store.release.set()
+        checkpointer.close()
 
 
 def test_operator_driven_checkpoint_waits_for_the_one_in_flight(tmp_path):

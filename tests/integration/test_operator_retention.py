@@ -382,6 +382,16 @@ def test_a_q_below_the_open_windows_is_raised_and_warned(tmp_path, caplog):
         assert operator.stats.g_check < 2 * count
 
 
+def test_a_u_below_the_background_period_is_warned(caplog):
+    with caplog.at_level(logging.WARNING, logger="streamlog.operators"):
+        AggregateOperator(WindowSpec.count(5), cec=CECPolicy(u_target=50))
+        AggregateOperator(WindowSpec.count(5), cec=CECPolicy(u_target=50,
+                                                             background_every_records=50))
+    warnings = [r.getMessage() for r in caplog.records if "U=50 cannot be met" in
+                r.getMessage()]
+    assert len(warnings) == 1 and "background_every_records" in warnings[0]
+
+
 # -- (6) the recovery report -----------------------------------------------------------
 
 def test_dry_run_reports_and_changes_nothing(tmp_path, logs):
