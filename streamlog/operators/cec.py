@@ -584,10 +584,12 @@ class AggregateOperator:
     def required_positions(self) -> tuple[int, int | None]:
         """(input offset, output offset) a recovery from now would read back to: the
         oldest footprint's (retention must keep them, DESIGN 2)."""
+        # One record earlier than the replay start: a recovery forgets the records of
+        # the last input offset and replays it too.
         if not self.order:
-            return self.last_offset + 1, None
+            return max(0, self.last_offset), None
         oldest = next(iter(self.order.values()))
-        return oldest.fp_in + 1, oldest.fp_out
+        return oldest.fp_in, oldest.fp_out
 
     def _load(self, found: EventualCheckpoint, input_start: int,
               report: RecoveryReport) -> int:

@@ -40,10 +40,12 @@ writes in the background (checkpoint.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable, Protocol
 
 import pyarrow as pa
+import xxhash
 
 from .alignment import NOTE_KEY, NOTE_KIND, Facts, Plan, last_note, note_value, plan_recovery
 from .checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
@@ -184,6 +186,14 @@ class RunStats:
     input_records_lost: int = 0  # skipped with fail_on_data_loss=False
 
 
+def default_hold_name(output_log, stream: str, partition: int) -> str:
+    """operator.STREAM.P.DIGEST: the output names the operator (one writer per output
+    partition); the digest of the output log's location keeps two jobs that write
+    streams of the same name in different logs apart."""
+    where = getattr(output_log, "url", None) or os.path.abspath(str(output_log.path))
+    return f"operator.{stream}.{partition}.{xxhash.xxh32_hexdigest(where.encode())}"
+
+
 def _consistent(ckpt_input: int | None, ckpt_output: int | None, read_to: int,
                 aligned: int) -> bool:
     """A checkpoint fits the output when its offsets are not past the last note; one
@@ -259,7 +269,8 @@ class OperatorRuntime:
         self.stateless = bool(getattr(operator, "stateless", False) if stateless is None
                               else stateless)
         self.from_output = bool(getattr(operator, "recovers_from_output", False))
-        self.hold_name = hold_name or f"operator.{output_stream}.{output_partition}"
+        self.hold_name = hold_name or default_hold_name(output_log, output_stream,
+                                                         output_partition)
         self.hold_input = hold_input
         self.clock = clock
         self.stats = RunStats()

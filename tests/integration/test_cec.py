@@ -457,13 +457,13 @@ def test_fallback_to_full_replay_when_footprints_are_gone(tmp_path):
     input_log = make_input(tmp_path / "in", 4000, keys_max=200)
     policy = CECPolicy()  # G_OPEN only: old windows' footprints sit far back
     options = {"segment_bytes_max": 4096, "retention_bytes": 8192, "compression": "none"}
-    output_log, operator, _ = run(input_log, tmp_path / "out", COUNT, mode="cec", cec=policy,
-                                  chunk_records=1, **options)
+    output_log, operator, first = run(input_log, tmp_path / "out", COUNT, mode="cec",
+                                      cec=policy, chunk_records=1, **options)
     expected = all_records(output_log)
     output_log.truncate_after("out", 0, len(expected) - 40)
     output_log.apply_retention()
     assert output_log.start_offset("out") == 0  # the operator holds its extent
-    assert output_log.release_hold("out", 0, "operator.out.0")
+    assert output_log.release_hold("out", 0, first.hold_name)
     output_log.apply_retention()
     start = output_log.start_offset("out")
     assert start > 0

@@ -215,7 +215,7 @@ def test_the_operator_holds_the_input_it_needs_against_retention(tmp_path):
         first.run(max_records=900)
         first.checkpoint_now()
         first.run(max_records=1100)
-        assert input_log.holds("in", 0)["operator.out.0"]["offset"] == 900
+        assert input_log.holds("in", 0)[first.hold_name]["offset"] == 900
         with streamlog.open_log(path, fsync="never", retention_bytes=1, **SMALL) as writer:
             writer.apply_retention()
             assert 0 < writer.start_offset("in") <= 900  # stopped at the checkpoint
