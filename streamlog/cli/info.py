@@ -22,6 +22,8 @@ as ISO-8601 and microseconds), segments, bytes, and two verdicts:
   VERIFIED  when every byte was last checked (`streamlog verify --record`, or the
             scrubber of a daemon) and the result; "never" when nothing has checked the
             bytes before the tail
+Below the table: the durable holds (Log.hold; an operator's runtime holds the input it
+would need to recover), each keeping its offset and what follows from retention.
 The log is opened read-only and no file is modified.
 
 examples:
@@ -65,7 +67,8 @@ def _info_row(stream: str, part: dict) -> dict:
             "max_time": format_timestamp(part["max_timestamp_us"]),
             "segments": part["segments"], "bytes": part["bytes"],
             "tail": recovery["tail"], "corruption": recovery["corruption"],
-            "index_problem": recovery.get("index_problem"), "verified": verified}
+            "index_problem": recovery.get("index_problem"), "verified": verified,
+            "holds": part.get("holds") or {}}
 
 
 def _verified_cell(verified: dict | None) -> str:
@@ -99,6 +102,11 @@ def _info_table(path: str, rows: list[dict]) -> str:
              for row in rows if row["corruption"]]
     notes += [f"{row['stream']}/{row['partition']}: index rebuilt in memory: "
               f"{row['index_problem']}" for row in rows if row["index_problem"]]
+    for row in rows:
+        for name, hold in sorted(row["holds"].items()):
+            damaged = f" (damaged: {hold['damaged']})" if "damaged" in hold else ""
+            notes.append(f"{row['stream']}/{row['partition']}: hold {name} at offset "
+                         f"{hold['offset']}: retention keeps it and what follows{damaged}")
     for row in rows:
         found = (row["verified"] or {}).get("findings") or []
         notes += [f"{row['stream']}/{row['partition']}: verification found: "

@@ -581,3 +581,17 @@ def test_progress_is_shown_only_on_a_terminal(log_dir):
     piped = subprocess.run([sys.executable, "-c", code, "read", log_dir, "--stream", "s"],
                            capture_output=True, env=ENV, timeout=60)
     assert piped.returncode == 0 and piped.stderr == b""
+
+
+def test_info_lists_the_durable_holds(tmp_path):
+    path = tmp_path / "log"
+    with streamlog.open_log(path) as log:
+        log.create_stream("events")
+        log.append_sync("events", b"x")
+        log.hold("events", 0, "operator.counts.0", 0)
+    done = cli("info", path)
+    assert done.returncode == 0
+    assert ("events/0: hold operator.counts.0 at offset 0: retention keeps it and what "
+            "follows") in done.stdout
+    row = json.loads(cli("info", path, "--json").stdout)["streams"]["events"]["partitions"][0]
+    assert row["holds"]["operator.counts.0"]["offset"] == 0

@@ -419,6 +419,24 @@ def test_dry_run_reports_and_changes_nothing(tmp_path, logs):
         assert real.replay_rate() is not None or real.input_records_replayed < 1000
 
 
+def test_a_cec_dry_run_reads_the_extent_and_truncates_nothing(tmp_path, logs):
+    input_log, output_log = logs
+    append_input(input_log, 0, 3000)
+    _cec_run(input_log, output_log, to_offset=2000)
+    before = [(r.offset, r.kind, r.value) for r in output_log.reader("out", 0, data_only=False)]
+    operator = AggregateOperator(WindowSpec.time(400_000), cec=CECPolicy())
+    dry = OperatorRuntime(operator, input_log=input_log, input_stream="in",
+                          output_log=output_log, output_stream="out").recover(dry_run=True)
+    after = [(r.offset, r.kind, r.value) for r in output_log.reader("out", 0, data_only=False)]
+    assert after == before
+    assert dry.dry_run and dry.method == "cec" and dry.output_records_scanned > 0
+    assert dry.replay_from_offset < dry.replay_to_offset <= 2000
+    assert dry.catch_up_records == 3000 - dry.replay_to_offset
+    real = _cec_run(input_log, output_log).report
+    assert (real.replay_from_offset, real.replay_to_offset) == (dry.replay_from_offset,
+                                                                dry.replay_to_offset)
+
+
 def test_the_report_goes_to_logging_and_to_a_terminal_by_default(tmp_path, logs, caplog,
                                                                   monkeypatch, capsys):
     input_log, output_log = logs
