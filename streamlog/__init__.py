@@ -23,7 +23,9 @@ from .records import AppendResult, Record, RecordKind, RecordPosition
 # The operator layer (streamlog.operators) is exported here too, imported on first use:
 # it loads Arrow compute and msgpack, which a plain append or read does not need.
 _OPERATOR_NAMES = ("OperatorRuntime", "CheckpointStore", "CheckpointPolicy",
-                   "AggregateOperator", "WindowSpec", "CECPolicy", "read_aggregate_results")
+                   "AggregateOperator", "WindowSpec", "CECPolicy", "read_aggregate_results",
+                   "WindowedOperator", "Tumbling", "Hopping", "Sliding",
+                   "read_window_results")
 
 
 def __getattr__(name: str):

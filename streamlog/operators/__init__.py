@@ -2,7 +2,8 @@
 (checkpoint.py, DESIGN 7), an operator runtime that lines output up with input by
 position notes and recovers by checkpoint roll-back, replay or resume (runtime.py,
 alignment.py), windowed aggregates with continuous eventual checkpointing (cec.py,
-DESIGN 8), the state codec (codec.py) and the live report of a recovery's phases
+DESIGN 8), tumbling, hopping and sliding windows for user-written window functions with
+CEC (windows.py, window_cec.py, window_functions.py), the state codec (codec.py) and the live report of a recovery's phases
 (recovery_report.py). These use the log only through its public API (open_log, readers,
 appends, truncate_after, holds).
 
@@ -15,6 +16,9 @@ from .checkpoint import (Checkpoint, CheckpointPolicy, CheckpointRequest, Checkp
 from .codec import DEFAULT_CODEC, MsgpackCodec, StateCodec
 from .recovery_report import RecoveryReport, print_progress
 from .runtime import InputChunk, OperatorRuntime, OutputBuffer
+from .windows import (CollectOffsets, CountRecords, Hopping, Sliding, SumInt64, TopN, Tumbling,
+                      Window, WindowedOperator, WindowFunction, WindowInput, WindowResult,
+                      read_window_results)
 
 __all__ = [
     "OperatorRuntime", "InputChunk", "OutputBuffer", "RecoveryReport", "print_progress",
@@ -22,4 +26,7 @@ __all__ = [
     "StateCodec", "MsgpackCodec", "DEFAULT_CODEC",
     "AggregateOperator", "AggregateResult", "CECPolicy", "WindowSpec",
     "read_aggregate_results",
+    "WindowedOperator", "WindowFunction", "Window", "WindowInput", "WindowResult",
+    "Tumbling", "Hopping", "Sliding", "CountRecords", "SumInt64", "TopN", "CollectOffsets",
+    "read_window_results",
 ]

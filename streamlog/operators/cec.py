@@ -202,6 +202,17 @@ class CECPolicy:
                 self.background_every_records, int) or self.background_every_records < 1:
             raise InvalidArgument("background_every_records must be a positive int")
 
+    def budget(self, now_s: float) -> tuple[bool, float | None]:
+        """(G_CHECKs may be written now, the clock reading they must stop at): only in
+        the first CI ms of every CP ms period; without CP, always and without a limit."""
+        if self.cp_ms is None:
+            return True, None
+        now_ms = now_s * 1000.0
+        into_period = now_ms % self.cp_ms
+        if into_period >= self.ci_ms:
+            return False, None
+        return True, (now_ms + self.ci_ms - into_period) / 1000.0
+
 
 class Window:
     """One open window. fp_in / fp_out: input and output offsets of its newest
@@ -477,13 +488,9 @@ class AggregateOperator:
             return
         if policy.q_target is None and policy.u_target is None:
             return
-        deadline = None
-        if policy.cp_ms is not None:
-            now_ms = self.clock() * 1000.0
-            into_period = now_ms % policy.cp_ms
-            if into_period >= policy.ci_ms:
-                return
-            deadline = (now_ms + policy.ci_ms - into_period) / 1000.0
+        allowed, deadline = policy.budget(self.clock())
+        if not allowed:
+            return
         self._emit_gchecks(out, policy, deadline)
         self._out_next = out.next_offset
 

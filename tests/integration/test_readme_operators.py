@@ -19,10 +19,10 @@ def _examples() -> list[str]:
 
 
 def test_the_readme_has_the_operator_examples():
-    assert len(_examples()) >= 2
+    assert len(_examples()) >= 3
 
 
-@pytest.mark.parametrize("index", range(2))
+@pytest.mark.parametrize("index", range(3))
 def test_a_readme_operator_example_runs_twice_as_a_restart_would(tmp_path, monkeypatch,
                                                                    capsys, index):
     monkeypatch.chdir(tmp_path)
@@ -38,6 +38,13 @@ def test_a_readme_operator_example_runs_twice_as_a_restart_would(tmp_path, monke
         # state (its position notes and checkpoint), not from zero.
         assert second.splitlines()[-1] == "[b'200', b'200', b'200']"
         assert "recovery[" in second
+    elif index == 2:
+        lines = first.splitlines()
+        # 30 s of views on three pages: windows ending at 5, 10, 15, 20 and 25 s have
+        # closed (the high-water mark is 29.99 s), and every page saw all 13 users.
+        assert len(lines) == 15 and all(line.endswith(" 13") for line in lines)
+        assert lines[0] == "b'/docs' -5000000 5000000 13"  # closed in (end, key) order
+        assert second.splitlines() == lines  # the second run's views are all late
     else:
         lines = first.splitlines()
         # Five seconds of trades, two keys: four closed windows each (the fifth is open).

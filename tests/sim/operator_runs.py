@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import struct
 import signal
 import subprocess
 import sys
@@ -13,18 +15,21 @@ import threading
 import time
 from typing import Callable
 
+import streamlog
+
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cec_child.py")
 RUN_S_MAX = 120.0
 REFUSED_EXIT = 3  # cec_child.py: recovery refused (DataLossError)
 
 
 def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, *,
-              on_progress: Callable[[int], None] | None = None) -> tuple[str, dict | None]:
+              on_progress: Callable[[int], None] | None = None,
+              child: str = CHILD) -> tuple[str, dict | None]:
     """Start the job; SIGKILL it `jitter_s` after it reported `kill_after_chunks` chunks
     (0: during its start and recovery; None: let it finish). `on_progress(offset)` sees
     every chunk's last input offset. Returns ("killed" | "completed" | "refused", the
     job's last JSON line when it ended by itself)."""
-    process = subprocess.Popen([sys.executable, CHILD, json.dumps(spec)],
+    process = subprocess.Popen([sys.executable, child, json.dumps(spec)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reached = threading.Event()
@@ -64,5 +69,21 @@ def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, 
         if process.poll() is None:
             process.kill()
             process.wait()
+        reader.join(timeout=RUN_S_MAX)  # EOF follows the exit; then its pipe may close
         process.stdout.close()
         process.stderr.close()
+
+
+def skewed_input(path: str, seed: int, records: int, *, keys: int, value_bytes: int) -> str:
+    """Input with skewed keys (a few hot, a long tail of slow windows), runs of equal
+    timestamps (8 per 2 ms) and about 3% late records; returns `path`."""
+    rng = random.Random(seed)
+    keys_ = [b"item-%d" % (int(rng.paretovariate(1.0)) % keys) for _ in range(records)]
+    values = [struct.pack("<q", rng.randint(1, 500)) + bytes(value_bytes - 8)
+              for _ in range(records)]
+    stamps = [5_000_000 + (i // 8) * 2000 - (rng.randint(1, 40_000) if rng.random() < 0.03
+                                             else 0) for i in range(records)]
+    with streamlog.open_log(path, fsync="always") as log:
+        log.create_stream("in")
+        log.append_batch_sync("in", values, keys=keys_, timestamps_us=stamps)
+    return path

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 
 import pytest
 
@@ -26,7 +25,7 @@ import streamlog
 from streamlog.operators.cec import AggregateOperator, WindowSpec
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
-from operator_runs import run_child
+from operator_runs import run_child, skewed_input
 
 pytestmark = pytest.mark.slow
 
@@ -42,16 +41,8 @@ CEC = {"count": {"q_target": 60, "u_target": 400, "ci_ms": 2.0, "cp_ms": 4.0},
 
 @pytest.fixture(scope="module")
 def input_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("cec-input") / "in")
-    rng = random.Random(SEED)
-    keys = [b"item-%d" % (int(rng.paretovariate(1.0)) % 80) for _ in range(INPUT_RECORDS)]
-    values = [struct.pack("<q", rng.randint(1, 500)) + bytes(92) for _ in range(INPUT_RECORDS)]
-    stamps = [5_000_000 + (i // 8) * 2000 - (rng.randint(1, 40_000) if rng.random() < 0.03 else 0)
-              for i in range(INPUT_RECORDS)]
-    with streamlog.open_log(path, fsync="always") as log:
-        log.create_stream("in")
-        log.append_batch_sync("in", values, keys=keys, timestamps_us=stamps)
-    return path
+    return skewed_input(str(tmp_path_factory.mktemp("cec-input") / "in"), SEED,
+                        INPUT_RECORDS, keys=80, value_bytes=100)
 
 
 def failure_free(input_path: str, window: dict, tmp_path) -> list[tuple]:
