@@ -73,6 +73,11 @@ the price; timestamps rise by 10 us per record; keys are uniformly random.
     With the same runs, the checkpoint overhead with a slow serialiser is
     bench/checkpoint_overhead.py (its own results file).
 
+(e) A Q that cannot be met: 100,000 records over 2,000 keys, windows of 10, Q = 100
+    (below the ~2,000 open windows) and no CP budget, against G_OPEN only on the same
+    input. q_unmet_gchecks: G_CHECKs written; q_unmet_slowdown: its run time over the
+    G_OPEN-only run's. (Before Q was raised to N it wrote a G_CHECK per window per pass.)
+
 Crash trials. crash_trials random-crash recoveries, half CEC and half CRB: a child
 process runs the job (streamlog.operators.cec.job_main) on 20,000 skewed records and is killed
 with SIGKILL at a random moment (uniform over the time an uninterrupted run took), up
@@ -557,6 +562,9 @@ def report(figures: dict) -> None:
               f"{fmt_number(figures[name + '_bytes_read']):>14}"
               f"{fmt_number(figures[name + '_log_bytes']):>14}")
     print()
+    if "q_unmet_gchecks" in figures:
+        print(f"(e) Q = 100 with ~2,000 windows open: {figures['q_unmet_gchecks']:,} "
+              f"G_CHECKs, {figures['q_unmet_slowdown']:.2f}x the G_OPEN-only run time\n")
     print(f"crash trials: {figures.get('crash_trials')} run, "
           f"{figures.get('crash_trials_exact')} gave exactly the failure-free results")
     print_targets(figures, TARGETS)
@@ -614,6 +622,30 @@ def _extent_run(args, extent: int, figures: dict) -> None:
         remove(workdir / "in-d")
 
 
+def measure_unmet_q(args, figures: dict) -> None:
+    workdir = args.workdir
+    input_log = streamlog.open_log(workdir / "in-e", fsync="never")
+    try:
+        input_log.create_stream("in")
+        n = 100_000
+        input_log.append_batch_sync("in", [struct.pack("<q", i) for i in range(n)],
+                                    keys=[b"k%d" % (i % 2000) for i in range(n)],
+                                    timestamps_us=list(range(n)))
+        seconds = {}
+        for name, policy in (("gopen", CECPolicy()),
+                             ("unmet", CECPolicy(q_target=100, cp_ms=None))):
+            job = Job(workdir, f"q-{name}", input_log, 10, mode="cec", cec=policy,
+                      chunk_records=1024)
+            seconds[name], _ = job.run_to(n)
+            if name == "unmet":
+                figures["q_unmet_gchecks"] = job.operator.stats.g_check
+            job.close()
+        figures["q_unmet_slowdown"] = seconds["unmet"] / seconds["gopen"]
+    finally:
+        input_log.close()
+        remove(workdir / "in-e")
+
+
 def _short(n: int) -> str:
     return f"{n // 1_000_000}m" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k"
 
@@ -638,7 +670,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--crb-interval-s", type=float, default=1.0)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "cec")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", default="", help="comma-separated: a, b, d, crash")
+    parser.add_argument("--skip", default="", help="comma-separated: a, b, d, e, crash")
     parser.add_argument("--extents", default=None, help="comma-separated extents for (d) "
                         "(default 1000,10000,100000,1000000; --quick 1000,10000,50000)")
     args = parser.parse_args(argv)
@@ -671,6 +703,9 @@ def main(argv: list[str] | None = None) -> None:
             measure_recovery(args, figures)
         if "d" not in skip:
             measure_extent_sweep(args, figures)
+        if "e" not in skip:
+            with phase("(e) a Q below the open windows"):
+                attempt("unmet Q", lambda: measure_unmet_q(args, figures), args.failures)
         if "crash" not in skip:
             with phase(f"crash trials ({args.trials})"):
                 attempt("crash trials", lambda: measure_crash_trials(args, figures),
