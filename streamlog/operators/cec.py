@@ -9,7 +9,9 @@ window. A closing window emits a result `R` (count, sum, min, max, average).
 
 It runs three ways: plain (results only, nothing to recover from but a full replay),
 CRB (`checkpoint`/`reset` serialize every open window; operator.py stores them), or CEC
-(`cec=CECPolicy(...)`): every window that opens emits a `G_OPEN` footprint, and the
+(`cec=CECPolicy(...)`): every window that opens emits a `G_OPEN` footprint (but a count
+window of one record, which opens and closes on the same input record, is never open at
+a cut and writes only its R), and the
 background path (`after_chunk`) emits `G_CHECK` footprints for the windows with the
 oldest footprint while the extent `q` (output records since the oldest footprint) is over
 `Q` or the replay `u` (input records since its input offset) is over `U`, and only
@@ -402,6 +404,17 @@ class AggregateOperator:
             if ts > hwm:
                 hwm = ts
             w = open_.get(key)
+            if w is None and size == 1:
+                # The window opens and closes on this record: it is never open at a cut
+                # (a recovery keeps or forgets one input record's output whole), so it
+                # needs no footprint and no Window object.
+                out_values.append(pack(offset, len(open_), hwm, offset, offset, ts, ts, 1,
+                                       value, value, value, float(value)))
+                out_keys.append(key)
+                out_stamps.append(ts)
+                out_kinds.append(_DATA)
+                stats.results += 1
+                continue
             if w is None:
                 w = Window(offset, offset, ts, ts, 1, value, value, value)
                 open_[key] = w

@@ -536,3 +536,27 @@ def test_cec_refuses_skip_mode_instead_of_truncating_silently(tmp_path):
                             output_mode="skip")
         OperatorRuntime(AggregateOperator(COUNT), input_log=input_log, input_stream="in",
                         output_log=output_log, output_stream="out", output_mode="skip")
+
+
+def test_windows_of_one_record_need_no_footprint_and_recover_exactly(tmp_path):
+    """A count window of one record opens and closes on the same input record, so no cut
+    can leave it open: CEC writes only its R (the paper's fast windows, without the
+    G_OPEN that doubled their output), and every crash point still recovers exactly."""
+    one = WindowSpec.count(1)
+    input_log = make_input(tmp_path / "in", 600)
+    plain, _, _ = run(input_log, tmp_path / "plain", one)
+    full_log, operator, _ = run(input_log, tmp_path / "full", one, mode="cec",
+                                cec=tight(one, cp_ms=None), chunk_records=5)
+    full = all_records(full_log)
+    assert operator.stats.g_open == operator.stats.g_check == 0
+    assert {r[4] for r in full} == {RecordKind.DATA} and len(full) == 600
+    assert results(full_log) == results(plain) == reference(input_log, one)
+    for trial, length in enumerate((1, 17, 299, 599)):
+        output_log = _prefix_log(tmp_path / f"crash{trial}", full, length)
+        output_log, _, runtime = run(input_log, None, one, mode="cec",
+                                     cec=tight(one, cp_ms=None), output_log=output_log)
+        assert all_records(output_log) == full, f"crash after {length} output records"
+        assert runtime.report.method == "cec"
+        output_log.close()
+    for log in (plain, full_log, input_log):
+        log.close()
