@@ -666,7 +666,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 40%% of --crash-at)")
     parser.add_argument("--keys", type=int, help="item ids in (b) and (c) (default 100,000)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--trials", type=int, default=8, help="random-crash trials")
+    parser.add_argument("--trials", type=int, default=20, help="random-crash trials")
     parser.add_argument("--crb-interval-s", type=float, default=1.0)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "cec")
     parser.add_argument("--seed", type=int, default=0)

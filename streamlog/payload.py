@@ -18,6 +18,8 @@ Headers of one record are encoded as u16 count, then per header u16 name length,
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import struct
 import threading
 
@@ -172,25 +174,71 @@ def _split_columns(buf: memoryview, frame: Frame) -> Columns:
 
 def columns_to_records(columns: Columns, partition: int, start: int = 0,
                        stop: int | None = None, data_only: bool = True):
-    """Yield Records for rows [start, stop) of a batch (one Python object per record)."""
+    """Records for rows [start, stop) of a batch: one Record (a tuple) per record, built
+    by C-level map/zip over the columns; only batches with headers take a Python loop."""
     stop = len(columns) if stop is None else stop
+    if stop <= start:
+        return iter(())
+    rows: list[int] | range = range(start, stop)
+    kinds = None
+    if columns.kinds is not None:
+        selected = columns.kinds[start:stop]
+        if data_only:
+            rows = (np.flatnonzero(selected == 0) + start).tolist()
+        else:
+            kinds = list(map(RecordKind, selected.tolist()))
+    if columns.header_lengths is not None:
+        return _records_with_headers(columns, partition, rows, kinds)
+    key_offsets = columns.key_offsets().tolist()
+    value_offsets = columns.value_offsets().tolist()
+    keys, values = bytes(columns.keys), bytes(columns.values)
+    timestamps = columns.timestamps_us.tolist()
+    base, count = columns.base_offset, len(rows)
+    contiguous = isinstance(rows, range)
+    if contiguous:
+        lo, hi = rows.start, rows.stop
+        value_starts, value_ends = value_offsets[lo:hi], value_offsets[lo + 1:hi + 1]
+        key_starts, key_ends = key_offsets[lo:hi], key_offsets[lo + 1:hi + 1]
+        stamps = timestamps[lo:hi]
+        key_lengths = columns.key_lengths[lo:hi]
+    else:
+        value_starts = [value_offsets[i] for i in rows]
+        value_ends = [value_offsets[i + 1] for i in rows]
+        key_starts = [key_offsets[i] for i in rows]
+        key_ends = [key_offsets[i + 1] for i in rows]
+        stamps = [timestamps[i] for i in rows]
+        key_lengths = columns.key_lengths[rows] if count else columns.key_lengths[:0]
+    record_values = map(operator.getitem, itertools.repeat(values),
+                        map(slice, value_starts, value_ends))
+    record_keys = map(operator.getitem, itertools.repeat(keys),
+                      map(slice, key_starts, key_ends))
+    if (key_lengths < 0).any():  # records without a key: None, not b""
+        present = (key_lengths >= 0).tolist()
+        record_keys = map(_key_or_none, record_keys, present)
+    offsets = map(base.__add__, rows)
+    return map(Record._make, zip(
+        itertools.repeat(partition, count), offsets, stamps, record_keys, record_values,
+        itertools.repeat(RecordKind.DATA, count) if kinds is None else kinds,
+        itertools.repeat((), count), itertools.repeat(columns.txn_id, count)))
+
+
+def _key_or_none(key: bytes, present: bool) -> bytes | None:
+    return key if present else None
+
+
+def _records_with_headers(columns: Columns, partition: int, rows, kinds):
     key_offsets = columns.key_offsets().tolist()
     value_offsets = columns.value_offsets().tolist()
     key_lengths = columns.key_lengths.tolist()
     timestamps = columns.timestamps_us.tolist()
-    kinds = columns.kinds.tolist() if columns.kinds is not None else None
-    header_offsets = (_offsets(columns.header_lengths).tolist()
-                      if columns.header_lengths is not None else None)
+    header_offsets = _offsets(columns.header_lengths).tolist()
     keys, values = bytes(columns.keys), bytes(columns.values)
     base, txn_id = columns.base_offset, columns.txn_id
-    for i in range(start, stop):
-        kind = RecordKind(kinds[i]) if kinds is not None else RecordKind.DATA
-        if data_only and kind is not RecordKind.DATA:
-            continue
+    first = rows[0] if len(rows) else 0
+    for i in rows:
+        kind = RecordKind.DATA if kinds is None else kinds[i - first]
         key = keys[key_offsets[i]:key_offsets[i + 1]] if key_lengths[i] >= 0 else None
-        headers = ()
-        if header_offsets is not None:
-            headers = decode_headers(columns.headers[header_offsets[i]:header_offsets[i + 1]])
+        headers = decode_headers(columns.headers[header_offsets[i]:header_offsets[i + 1]])
         yield Record(partition, base + i, timestamps[i], key,
                      values[value_offsets[i]:value_offsets[i + 1]], kind, headers, txn_id)
 

@@ -340,7 +340,10 @@ def test_a_writer_that_asks_scrubs_its_sealed_segments_and_info_shows_it(tmp_pat
         for batch in range(30):
             log.append_batch_sync("s", [b"%d" % batch * 50] * 4)
         assert log.scrubber is not None
-        status = _wait_for(lambda: log.info()["streams"]["s"]["partitions"][0]["verified"])
+        # A pass may run while the appends still seal segments: wait for one that saw
+        # at least two of them.
+        status = _wait_for(lambda: (lambda v: v if v and v["segments"] >= 2 else None)(
+            log.info()["streams"]["s"]["partitions"][0]["verified"]))
         assert status["result"] == "ok" and status["segments"] >= 2
         sealed = sorted(glob.glob(os.path.join(path, "streams", "s", "0", "*.log")))[0]
         with open(sealed, "r+b") as handle:  # bit rot in a sealed segment, under a writer
