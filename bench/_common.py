@@ -1,9 +1,10 @@
 """Shared helpers for the benchmarks in bench/: progress lines, timing, results, tables.
 
 Each benchmark (bench/core.py, bench/spark.py, bench/cec.py, ...) measures a set of named
-figures, writes them to bench/results/NAME.json as one flat JSON object (plus "command"
-and "cpu_count"), and prints a table at the end. The machine is shared and noisy, so the
-tables put each figure beside ratios against baselines measured in the same run.
+figures, writes them to bench/results/NAME.json as one flat JSON object (plus "command",
+"cpu_count", "machine" and "date"), and prints a table at the end. The machine is shared
+and noisy, so the tables put each figure beside ratios against baselines measured in the
+same run. bench/report.py gathers every results file into one table and chart.
 """
 
 from __future__ import annotations
@@ -147,10 +148,33 @@ def command_line() -> str:
     return shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
 
 
+def machine_description() -> str:
+    """Where the figures were measured, without the host's name: CPU model, CPU count,
+    kernel and Python, e.g. "Intel(R) Xeon(R) Processor; 2 CPUs; Linux 6.1 x86_64;
+    Python 3.11.7"."""
+    import platform
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                # x86 says "model name"; some ARM kernels say only "Model" or "Hardware".
+                field, _, value = line.partition(":")
+                if field.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    model = value.strip()
+                    break
+    kernel = f"{platform.system()} {platform.release()} {platform.machine()}"
+    return (f"{model}; {os.cpu_count()} CPUs; {kernel}; "
+            f"Python {platform.python_version()}")
+
+
 def write_results(name: str, figures: dict[str, float | int | None]) -> Path:
-    """Write bench/results/NAME.json: the figures plus "command" and "cpu_count"."""
+    """Write bench/results/NAME.json: the figures plus "command", "cpu_count", "machine"
+    (machine_description()) and "date" (UTC, ISO 8601, when the results were written)."""
+    import datetime
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = {"command": command_line(), "cpu_count": os.cpu_count()}
+    out = {"command": command_line(), "cpu_count": os.cpu_count(),
+           "machine": machine_description(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     out.update({key: _rounded(value) for key, value in figures.items()})
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
