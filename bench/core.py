@@ -31,6 +31,15 @@ Baselines (durable: every figure includes its fsyncs):
 streamlog (one stream, one partition):
   append_batched_rps     fsync="always", append_batch of 1,000 records awaited one after
                          another; append_batched_mb_s counts key + value bytes.
+  append_columns_rps     fsync="always", append_columns of the same records as Arrow
+                         record batches of 8,192 rows (value, key, timestamp; built before
+                         the clock starts), awaited one after another;
+                         append_columns_mb_s counts key + value bytes.
+  disk_fsync_mb_s        the physical limit in the same run: as many bytes as the records'
+                         keys and values, rounded up to whole preallocated 1 MiB buffers,
+                         each written with os.write to a file in the work dir and fsynced;
+                         no per-record work. append_columns_vs_disk is append_columns_mb_s
+                         over it.
   append_concurrent_rps  fsync="always", 1,000 asyncio tasks each awaiting log.append of
                          one record in a loop, until append_concurrent_records are in (at
                          most 200,000 and at most 60 s, whichever comes first).
@@ -81,6 +90,7 @@ STREAM = "events"
 KEY_BYTES = 16
 VALUE_BYTES = 100
 BATCH = 1_000
+COLUMNS_BATCH = 8_192
 CONCURRENT_TASKS = 1_000
 CONCURRENT_RECORDS_MAX = 200_000
 CONCURRENT_SECONDS_MAX = 60.0
@@ -367,6 +377,96 @@ def measure_batched(work: Path, data: Dataset, figures: dict) -> None:
              f" {figures['append_batched_mb_s']:.1f} MB/s")
 
 
+def arrow_batches(data: Dataset, size: int) -> list:
+    """The records as pyarrow RecordBatches of `size` rows (value, key, timestamp)."""
+    import pyarrow as pa
+    values = pa.array(data.values, pa.binary())
+    keys = pa.array(data.keys, pa.binary())
+    stamps = pa.array(data.timestamps_us, pa.int64())
+    return [pa.record_batch({"value": values[start:stop], "key": keys[start:stop],
+                             "timestamp": stamps[start:stop]})
+            for start, stop in batches(len(data), size)]
+
+
+async def append_columns(path: Path, record_batches: list, fsync: str) -> tuple[int, float]:
+    """append_columns of each record batch, awaited before the next; return (records, s)."""
+    log = open_log(path, fsync=fsync)
+    log.create_stream(STREAM, partitions=1)
+    appended = 0
+    watch = Stopwatch()
+    for batch in record_batches:
+        result = await log.append_columns(STREAM, batch, partition=0)
+        appended += result.records
+    seconds = watch.elapsed
+    await log.aclose()
+    return appended, seconds
+
+
+def measure_columns(work: Path, data: Dataset, figures: dict) -> None:
+    n = len(data)
+    path = work / "columns"
+    remove(path)
+    record_batches = arrow_batches(data, COLUMNS_BATCH)
+    with phase(f"streamlog: append_columns x {len(record_batches):,} Arrow batches of"
+               f" {COLUMNS_BATCH:,}, fsync=always"):
+        appended, seconds = asyncio.run(append_columns(path, record_batches, "always"))
+    if appended != n:
+        raise RuntimeError(f"append_columns acknowledged {appended:,} of {n:,} records")
+    with phase("streamlog: check the columnar log reads back"):
+        check_columns_log(path, data)
+    figures["append_columns_rps"] = rate(n, seconds)
+    figures["append_columns_mb_s"] = rate(data.payload_bytes(), seconds) / 1e6
+    figures["append_columns_log_bytes"] = dir_bytes(path)
+    progress(f"streamlog: columnar append {figures['append_columns_rps']:,.0f} rec/s,"
+             f" {figures['append_columns_mb_s']:.1f} MB/s")
+    remove(path)
+
+
+def check_columns_log(path: Path, data: Dataset) -> None:
+    """The first and last records and the total come back as appended."""
+    log = open_log(path)
+    try:
+        rows = replay_arrow(log)
+        if rows != len(data):
+            raise RuntimeError(f"columnar log: {rows:,} rows, expected {len(data):,}")
+        first = next(iter(log.reader(STREAM, partition=0, from_offset=0).records()))
+        last = next(iter(log.reader(STREAM, partition=0,
+                                    from_offset=len(data) - 1).records()))
+    finally:
+        log.close()
+    for record, i in ((first, 0), (last, len(data) - 1)):
+        if (record.key, record.value, record.timestamp_us) != (
+                data.keys[i], data.values[i], data.timestamps_us[i]):
+            raise RuntimeError(f"columnar log: record {i} differs from what was appended")
+
+
+def disk_fsync(path: Path, total_bytes: int) -> float:
+    """Write total_bytes (whole 1 MiB buffers, allocated before the clock starts) to a
+    new file, fsync after each; return seconds."""
+    chunks = max(1, -(-total_bytes // MiB))
+    buffer = os.urandom(MiB)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        watch = Stopwatch()
+        for _ in range(chunks):
+            write_all(fd, buffer)
+            os.fsync(fd)
+        return watch.elapsed
+    finally:
+        os.close(fd)
+
+
+def measure_disk(work: Path, data: Dataset, figures: dict) -> None:
+    path = work / "disk.bin"
+    chunks = max(1, -(-data.payload_bytes() // MiB))
+    with phase(f"disk: {chunks:,} x 1 MiB write + fsync"):
+        seconds = disk_fsync(path, data.payload_bytes())
+    figures["disk_fsync_mb_s"] = rate(chunks * MiB, seconds) / 1e6
+    progress(f"disk: {figures['disk_fsync_mb_s']:.1f} MB/s written and fsynced in 1 MiB"
+             f" chunks")
+    remove(path)
+
+
 def measure_concurrent(work: Path, data: Dataset, figures: dict, concurrent_max: int,
                        concurrent_seconds: float) -> None:
     count = min(len(data), concurrent_max)
@@ -590,6 +690,10 @@ RATIOS = {
     "append_vs_sqlite": ("append_batched_rps", "sqlite_append_rps"),
     "append_vs_lmdb": ("append_batched_rps", "lmdb_append_rps"),
     "append_concurrent_vs_baseline": ("append_concurrent_rps", "baseline_append_rps"),
+    "append_columns_vs_baseline": ("append_columns_rps", "baseline_append_rps"),
+    "append_columns_vs_batched": ("append_columns_rps", "append_batched_rps"),
+    "append_columns_vs_disk": ("append_columns_mb_s", "disk_fsync_mb_s"),
+    "append_batched_vs_disk": ("append_batched_mb_s", "disk_fsync_mb_s"),
     "replay_records_vs_baseline": ("replay_records_rps", "baseline_replay_rps"),
     "replay_arrow_vs_baseline": ("replay_arrow_rps", "baseline_replay_rps"),
     "timestamp_seek_vs_small": ("timestamp_seek_ms", "timestamp_seek_ms_small"),
@@ -597,6 +701,7 @@ RATIOS = {
 
 APPEND_RATIOS = {"vs plain": "baseline_append_rps", "vs sqlite": "sqlite_append_rps",
                  "vs lmdb": "lmdb_append_rps"}
+DISK_RATIOS = {"vs disk": "disk_fsync_mb_s"}
 REPLAY_RATIOS = {"vs plain": "baseline_replay_rps", "vs sqlite": "sqlite_replay_rps",
                  "vs lmdb": "lmdb_replay_rps"}
 
@@ -605,7 +710,10 @@ ROWS = [
     Row("sqlite append", "sqlite_append_rps", "rec/s", APPEND_RATIOS),
     Row("lmdb append", "lmdb_append_rps", "rec/s", APPEND_RATIOS),
     Row("streamlog append, batched", "append_batched_rps", "rec/s", APPEND_RATIOS),
-    Row("streamlog append, batched", "append_batched_mb_s", "MB/s"),
+    Row("streamlog append, batched", "append_batched_mb_s", "MB/s", DISK_RATIOS),
+    Row("streamlog append, columns", "append_columns_rps", "rec/s", APPEND_RATIOS),
+    Row("streamlog append, columns", "append_columns_mb_s", "MB/s", DISK_RATIOS),
+    Row("disk write + fsync, 1 MiB", "disk_fsync_mb_s", "MB/s", DISK_RATIOS),
     Row("streamlog append, 1000 concurrent", "append_concurrent_rps", "rec/s", APPEND_RATIOS),
     Row("plain file replay", "baseline_replay_rps", "rec/s", REPLAY_RATIOS),
     Row("sqlite replay", "sqlite_replay_rps", "rec/s", REPLAY_RATIOS),
@@ -636,6 +744,8 @@ TARGETS = [
            lambda f: f["append_vs_baseline"] >= 0.5),
     Target("batched append ahead of SQLite", lambda f: f["append_vs_sqlite"] > 1),
     Target("batched append ahead of LMDB", lambda f: f["append_vs_lmdb"] > 1),
+    Target("columnar append >= 50% of disk write + fsync MB/s",
+           lambda f: f["append_columns_vs_disk"] >= 0.5),
     Target("Arrow replay >= 3,000,000 rec/s", lambda f: f["replay_arrow_rps"] >= 3e6),
     Target("timestamp seek < 5 ms", lambda f: f["timestamp_seek_ms"] < 5),
     Target("timestamp seek flat: at N within 2x (or +1 ms) of at N/10", seek_is_flat),
@@ -654,7 +764,7 @@ def add_ratios(figures: dict) -> None:
 
 def report(figures: dict) -> None:
     print()
-    print_table(figures, ROWS, ["vs plain", "vs sqlite", "vs lmdb"])
+    print_table(figures, ROWS, ["vs plain", "vs sqlite", "vs lmdb", "vs disk"])
     print_targets(figures, TARGETS)
 
 
@@ -692,7 +802,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     """
     work = fresh_dir(args.workdir.resolve() / "core")
     figures: dict = {"records": args.records, "key_bytes": KEY_BYTES,
-                     "value_bytes": VALUE_BYTES, "batch_records": BATCH}
+                     "value_bytes": VALUE_BYTES, "batch_records": BATCH,
+                     "columns_batch_records": COLUMNS_BATCH}
     scale = 10 if args.quick else 1
     failures: list[str] = []
     try:
@@ -702,6 +813,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         if not args.baselines_only:
             steps += [
                 ("batched append", lambda: measure_batched(work, data, figures)),
+                ("columnar append", lambda: measure_columns(work, data, figures)),
+                ("disk fsync limit", lambda: measure_disk(work, data, figures)),
                 ("concurrent append", lambda: measure_concurrent(
                     work, data, figures, CONCURRENT_RECORDS_MAX // scale,
                     CONCURRENT_SECONDS_MAX / scale)),

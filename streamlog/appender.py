@@ -30,7 +30,8 @@ from .config import Compression, FsyncPolicy, LogConfig
 from .errors import LogClosed, PartitionFailed
 from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame
 from .index import IndexEntry, RecoveryPoint
-from .payload import NO_TIME, advance_hwm, compress, data_timestamps, encode_payload
+from .payload import (NO_TIME, EncodedRows, advance_hwm, compress, data_timestamps,
+                      encode_payload, join_encoded)
 from .txn import frame_events
 
 log = logging.getLogger("streamlog.appender")
@@ -47,6 +48,10 @@ class Piece:
     headers: list | None
     nbytes: int
     txn_id: int = 0
+
+    @property
+    def record_count(self) -> int:
+        return len(self.values)
 
 
 class Waiter:
@@ -86,7 +91,7 @@ class Committed:
 
 @dataclasses.dataclass(slots=True)
 class Pending:
-    pieces: list[Piece]
+    pieces: list  # Piece, or payload.EncodedRows (columnar appends)
     waiter: Waiter | None
     nbytes: int
     job: object = None  # a callable run on the writer thread instead of an append
@@ -298,7 +303,7 @@ class Appender:
         owners, running = [], offset
         for pending in group:
             owners.append((pending, running))
-            running += sum(len(piece.values) for piece in pending.pieces)
+            running += sum(piece.record_count for piece in pending.pieces)
             for piece in pending.pieces:
                 if frame_pieces and not self._fits(frame_pieces, piece):
                     offset, hwm = self._emit(frame_pieces, offset, hwm, frames)
@@ -337,45 +342,37 @@ class Appender:
         ((_, first, _),) = self._commit([Pending(pieces, None, sum(p.nbytes for p in pieces))])
         return first
 
-    def _fits(self, pieces: list[Piece], piece: Piece) -> bool:
-        if piece.txn_id != pieces[0].txn_id:
+    def _fits(self, pieces: list, piece) -> bool:
+        """Can `piece` join the frame of `pieces`? Only a piece of the same kind
+        (Piece, or columnar EncodedRows) under the same transaction, within the bounds."""
+        if piece.txn_id != pieces[0].txn_id or type(piece) is not type(pieces[0]):
             return False
-        count = sum(len(p.values) for p in pieces) + len(piece.values)
+        count = sum(p.record_count for p in pieces) + piece.record_count
         size = sum(p.nbytes for p in pieces) + piece.nbytes
         return count <= self.config.batch_records_max and size <= self.config.frame_bytes_max // 2
 
-    def _emit(self, pieces: list[Piece], offset: int, hwm, frames: list):
+    def _emit(self, pieces: list, offset: int, hwm, frames: list):
         """Encode pieces as one frame; append (bytes, base, values, hwm_before, ...) to
         `frames`; return the next offset and running max."""
-        if len(pieces) == 1:
-            p = pieces[0]
-            timestamps, keys, values, kinds, headers = (p.timestamps_us, p.keys, p.values,
-                                                        p.kinds, p.headers)
+        if isinstance(pieces[0], EncodedRows):
+            raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
+                _encoded_payload(pieces))
         else:
-            timestamps = [t for p in pieces for t in p.timestamps_us]
-            keys = [k for p in pieces for k in p.keys]
-            values = [v for p in pieces for v in p.values]
-            kinds = _merge_optional(pieces, "kinds", 0)
-            headers = _merge_optional(pieces, "headers", ())
-        raw, flags = encode_payload(timestamps, keys, values, kinds, headers)
+            raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
+                _list_payload(pieces))
         stored = self._maybe_compress(raw)
         stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
-        ts = np.asarray(timestamps, dtype=np.int64)
-        min_ts, max_ts = int(ts.min()), int(ts.max())
-        if kinds is None:
-            hwm_after = advance_hwm(hwm, max_ts)
-        else:  # control records never move the high-water mark (payload.py)
-            latest = int(data_timestamps(ts, np.asarray(kinds, dtype=np.uint8)).max())
-            hwm_after = advance_hwm(hwm, None if latest == NO_TIME else latest)
-        data = encode_frame(base_offset=offset, record_count=len(values),
+        # control records never move the high-water mark (payload.py)
+        hwm_after = advance_hwm(hwm, data_max_ts)
+        data = encode_frame(base_offset=offset, record_count=count,
                             min_timestamp_us=min_ts, max_timestamp_us=max_ts,
                             txn_id=pieces[0].txn_id, flags=stored_flags,
                             raw_bytes=len(raw), payload=stored)
         assert len(data) == HEADER_BYTES + len(stored)
-        events = frame_events(pieces[0].txn_id, offset, kinds, values.__getitem__)
-        frames.append((data, offset, len(values), hwm, hwm_after, min_ts, max_ts, raw, flags,
+        events = frame_events(pieces[0].txn_id, offset, kinds, value_at)
+        frames.append((data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
                        pieces[0].txn_id, events))
-        return offset + len(values), hwm_after
+        return offset + count, hwm_after
 
     def _maybe_compress(self, raw: bytes) -> bytes:
         mode = self.config.compression
@@ -395,6 +392,38 @@ class Appender:
         self._dirty = False
         self._last_fsync = self.partition.clock.monotonic_s()
         self.stats["fsyncs"] += 1
+
+
+def _list_payload(pieces: list[Piece]):
+    """(raw payload, flags, record count, min and max timestamp, largest data-record
+    timestamp or None, kinds, value getter) of list pieces merged into one frame."""
+    if len(pieces) == 1:
+        p = pieces[0]
+        timestamps, keys, values, kinds, headers = (p.timestamps_us, p.keys, p.values,
+                                                    p.kinds, p.headers)
+    else:
+        timestamps = [t for p in pieces for t in p.timestamps_us]
+        keys = [k for p in pieces for k in p.keys]
+        values = [v for p in pieces for v in p.values]
+        kinds = _merge_optional(pieces, "kinds", 0)
+        headers = _merge_optional(pieces, "headers", ())
+    raw, flags = encode_payload(timestamps, keys, values, kinds, headers)
+    ts = np.asarray(timestamps, dtype=np.int64)
+    min_ts, max_ts = int(ts.min()), int(ts.max())
+    data_max_ts = max_ts
+    if kinds is not None:
+        latest = int(data_timestamps(ts, np.asarray(kinds, dtype=np.uint8)).max())
+        data_max_ts = None if latest == NO_TIME else latest
+    return raw, flags, len(values), min_ts, max_ts, data_max_ts, kinds, values.__getitem__
+
+
+def _encoded_payload(pieces: list[EncodedRows]):
+    """As _list_payload, for columnar pieces: their parts joined (all data records)."""
+    raw = join_encoded(pieces)
+    min_ts = min(p.min_timestamp_us for p in pieces)
+    max_ts = max(p.max_timestamp_us for p in pieces)
+    count = sum(p.record_count for p in pieces)
+    return raw, 0, count, min_ts, max_ts, max_ts, None, None
 
 
 def _merge_optional(pieces: list[Piece], name: str, default):

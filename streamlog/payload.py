@@ -82,11 +82,49 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     if kinds is not None and any(kinds):
         flags |= FLAG_HAS_CONTROL
         parts.append(np.asarray(kinds, dtype="u1").tobytes())
-    parts.append(b"".join(k for k in keys if k is not None))
+    parts.append(b"".join(filter(None, keys)))  # skips None and b"" at C speed
     parts.append(b"".join(values))
     if header_blobs is not None:
         parts.append(b"".join(header_blobs))
     return b"".join(parts), flags
+
+
+@dataclasses.dataclass(slots=True)
+class EncodedRows:
+    """Rows of a columnar append (columnar.py) already in payload form: each field is
+    one column part of the layout above for these rows, as bytes-like objects (NumPy
+    arrays, or memoryviews into the caller's Arrow buffers). Consecutive pieces join
+    into one payload by concatenating part by part (join_encoded), with no work per
+    record. Data records only: no kinds, no headers (flags 0)."""
+
+    timestamps_us: np.ndarray  # <i8[n]
+    key_lengths: np.ndarray  # <i4[n], -1 = no key
+    value_lengths: np.ndarray  # <i4[n]
+    keys: memoryview | bytes
+    values: memoryview | bytes
+    min_timestamp_us: int
+    max_timestamp_us: int
+    nbytes: int  # the size estimate the appender packs frames by (as Piece.nbytes)
+    txn_id: int = 0
+
+    @property
+    def record_count(self) -> int:
+        return len(self.timestamps_us)
+
+
+def join_encoded(pieces: list[EncodedRows]) -> bytes:
+    """One raw payload (flags 0) of consecutive EncodedRows pieces: every piece's
+    timestamps, then every piece's key lengths, and so on (one copy of the bytes)."""
+    assert pieces
+    for piece in pieces:
+        assert piece.timestamps_us.dtype == np.dtype("<i8")
+        assert len(piece.key_lengths) == len(piece.value_lengths) == piece.record_count
+    parts = [piece.timestamps_us for piece in pieces]
+    parts += [piece.key_lengths for piece in pieces]
+    parts += [piece.value_lengths for piece in pieces]
+    parts += [piece.keys for piece in pieces]
+    parts += [piece.values for piece in pieces]
+    return b"".join(parts)
 
 
 def _key_lengths(keys, n: int) -> np.ndarray:
