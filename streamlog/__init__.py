@@ -17,6 +17,8 @@ from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment
                      PartitionFailed, ProducerFenced, ReadOnlyLog, StreamLogError,
                      UnknownStream)
 from .log import Log, open_log, partition_for_key, writer_in_this_process
+from .errors import BufferFull, ProducerTimeout
+from .producer import Producer, RecordFuture
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
 
@@ -39,7 +41,8 @@ __all__ = [
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",
-    "ProducerFenced", "DataLossError",
+    "ProducerFenced", "DataLossError", "Producer", "RecordFuture", "BufferFull",
+    "ProducerTimeout",
     *_OPERATOR_NAMES,
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
 ]

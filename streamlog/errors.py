@@ -77,6 +77,17 @@ class DataLossError(StreamLogError):
                          f"retained input")
 
 
+class ProducerTimeout(StreamLogError, TimeoutError):
+    """A Producer's flush() or close() ran out of time with records still
+    unacknowledged (they may still be written: their handles resolve when the log
+    answers)."""
+
+
+class BufferFull(ProducerTimeout):
+    """A Producer's send() waited `block_ms_max` for buffer space: the log is not
+    keeping up (or is stalled) and `buffer_bytes` of records are waiting for it."""
+
+
 class CorruptionError(StreamLogError):
     """Bytes on disk are not what the log wrote."""
 

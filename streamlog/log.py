@@ -384,6 +384,12 @@ class Log:
         firsts = [target[n].submit(pieces[n]) for n in numbers]
         return _result(numbers, firsts, pieces)
 
+    def producer(self, stream: str, **options):
+        """Returns a Producer of `stream` (producer.py): records sent one at a time,
+        written in group-committed batches; `options` are Producer's (linger_ms, ...)."""
+        from .producer import Producer
+        return Producer(self, stream, **options)
+
     def _prepare(self, stream, values, keys, timestamps_us, partition, headers, kinds, txn_id):
         partitions = self._partitions(stream)
         if self.readonly:
