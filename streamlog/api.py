@@ -31,6 +31,10 @@ class LogAPI(Protocol):
     def append_batch_sync(self, stream: str, values, *, keys=None, timestamps_us=None,
                           partition=None, headers=None, kinds=None,
                           txn_id: int = 0) -> Any: ...
+    async def append_columns(self, stream: str, data, *, partition: int | None = None,
+                             txn_id: int = 0) -> Any: ...
+    def append_columns_sync(self, stream: str, data, *, partition: int | None = None,
+                            txn_id: int = 0) -> Any: ...
 
     # -- reads and positions ------------------------------------------------------------
     def reader(self, stream: str, partition: int = 0, *, from_offset=None,

@@ -280,6 +280,7 @@ OPERATIONS = OperationTable([
     Operation(MessageType.TRUNCATE_AFTER, (STREAM, PARTITION, ("offset", "i64")), INT,
               writable=True),
     Operation(MessageType.APPEND, streamed=True, writable=True,
-              methods=("append", "append_sync", "append_batch", "append_batch_sync")),
+              methods=("append", "append_sync", "append_batch", "append_batch_sync",
+                       "append_columns", "append_columns_sync")),
     Operation(MessageType.READ, streamed=True, methods=("reader",)),
 ])

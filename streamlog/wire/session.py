@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..appender import Piece
+from ..payload import EncodedRows
 from ..records import AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
 from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
@@ -322,7 +323,7 @@ async def _append_records(log, message: Append) -> AppendResult:
     if direct is not None:
         partition, piece = direct
         first = await partition.submit_async([piece])
-        count = len(piece.values)
+        count = piece.record_count
         return AppendResult({partition.number: (first, first + count - 1)}, count)
     timestamps, keys, values, kinds, headers = columns_to_lists(message.columns)
     return await log.append_batch(
@@ -333,10 +334,13 @@ async def _append_records(log, message: Append) -> AppendResult:
 
 
 def _direct_piece(log, message: Append):
-    """(partition, Piece) when the records pass the log's checks as columns, else None.
+    """(partition, piece) when the records pass the log's checks as columns, else None.
     The same bounds as Log.append_batch: record_bytes_max per record, a frame's share
     (frame_bytes_max / 2, batch_records_max) per piece, int64 timestamps above the
-    minimum; kinds were checked when the payload was decoded."""
+    minimum; kinds were checked when the payload was decoded. Data records go to the
+    writer as they arrived (payload.EncodedRows: the received columns are the parts of
+    the payload the writer joins), with no Python object per record; records with
+    control kinds become a list Piece."""
     columns, config = message.columns, log.config
     count = len(columns)
     if columns.header_lengths is not None or count > config.batch_records_max or (
@@ -354,16 +358,22 @@ def _direct_piece(log, message: Append):
     if int(sizes.max()) > config.record_bytes_max or nbytes > config.frame_bytes_max // 2:
         return None
     if message.timestamps_given:
-        if int(columns.timestamps_us.min()) <= _INT64_MIN:
+        stamps = np.ascontiguousarray(columns.timestamps_us, dtype="<i8")
+        if int(stamps.min()) <= _INT64_MIN:
             return None
-        timestamps = columns.timestamps_us.tolist()
     else:
-        timestamps = [time.time_ns() // 1000] * count
-    _, keys, values, kinds, _ = columns_to_lists(columns, timestamps=False)
+        stamps = np.full(count, time.time_ns() // 1000, dtype="<i8")
     if message.txn_id:
         partition.check_appendable(message.txn_id)  # as Log.append_batch does
         partition.txns_written_here.add(message.txn_id)
-    return partition, Piece(timestamps, keys, values, kinds, None, nbytes, message.txn_id)
+    if columns.kinds is None or not columns.kinds.any():
+        return partition, EncodedRows(
+            stamps, np.ascontiguousarray(columns.key_lengths, dtype="<i4"),
+            np.ascontiguousarray(columns.value_lengths, dtype="<i4"), columns.keys,
+            columns.values, int(stamps.min()), int(stamps.max()), nbytes, message.txn_id)
+    _, keys, values, kinds, _ = columns_to_lists(columns, timestamps=False)
+    return partition, Piece(stamps.tolist(), keys, values, kinds, None, nbytes,
+                            message.txn_id)
 
 
 _INT64_MIN = -(1 << 63)

@@ -999,3 +999,35 @@ def test_a_transaction_left_open_is_aborted_after_the_timeout(tmp_path):
         server._executor.shutdown()
     finally:
         log.close()
+
+
+def test_append_columns_over_the_wire_lands_as_locally(remote, daemon):
+    """Arrow columns go out encoded as they are, and the daemon hands them to its
+    writer as they arrived; the log then holds what a local append_columns writes."""
+    import pyarrow as pa
+    remote.create_stream("cols", partitions=1)
+    remote.create_stream("keyed", partitions=3)
+    values = [b"v%d" % i for i in range(5000)]
+    keys = [b"k%d" % (i % 11) if i % 4 else None for i in range(5000)]
+    stamps = [1_700_000_000_000_000 + i for i in range(5000)]
+    table = pa.table({"value": pa.array(values, pa.binary()), "key": pa.array(keys, pa.binary()),
+                      "timestamp": pa.array(stamps, pa.int64())})
+    result = remote.append_columns_sync("cols", table)
+    assert result.records == 5000 and result.ranges == {0: (0, 4999)}
+    got = [(r.key, r.value, r.timestamp_us) for r in remote.reader("cols", 0)]
+    assert got == list(zip(keys, values, stamps))
+    # Keys over several partitions: the daemon's log picks them by the same stable hash.
+    remote.append_columns_sync("keyed", table.slice(0, 100).drop_columns(["timestamp"]))
+    landed = {r.value: r for n in range(3) for r in remote.reader("keyed", n)}
+    assert set(landed) == set(values[:100])
+    for value, key in zip(values[:100], keys[:100]):
+        if key is not None:
+            assert landed[value].partition == streamlog.partition_for_key(key, 3)
+        assert landed[value].timestamp_us > stamps[-1]  # the daemon's append time
+    with pytest.raises(streamlog.InvalidAppend, match="value"):
+        remote.append_columns_sync("cols", {"key": pa.array([b"k"])})
+
+    async def columns_async():
+        return await remote.append_columns("cols", {"value": pa.array([b"a", b"b"])},
+                                           partition=0)
+    assert asyncio.run(columns_async()).ranges == {0: (5000, 5001)}
