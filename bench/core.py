@@ -43,6 +43,9 @@ streamlog (one stream, one partition):
   append_concurrent_rps  fsync="always", 1,000 asyncio tasks each awaiting log.append of
                          one record in a loop, until append_concurrent_records are in (at
                          most 200,000 and at most 60 s, whichever comes first).
+  append_producer_rps    fsync="always", every record sent alone with log.producer(...)
+                         .send (handles dropped), then flush(): single records at
+                         group-commit speed (streamlog/producer.py).
   replay_records_rps     reader.records() over the batched log, as Record objects.
   replay_arrow_rps       reader.arrow() over the same log, counting rows.
   timestamp_seek_ms      median time from log.reader(from_timestamp_us=T) to its first
@@ -482,6 +485,29 @@ def measure_concurrent(work: Path, data: Dataset, figures: dict, concurrent_max:
     remove(concurrent_path)
 
 
+def measure_producer(work: Path, data: Dataset, figures: dict) -> None:
+    n = len(data)
+    path = work / "producer"
+    remove(path)
+    log = open_log(path, fsync="always")
+    log.create_stream(STREAM, partitions=1)
+    with phase(f"streamlog: producer.send x {n:,}, fsync=always"):
+        watch = Stopwatch()
+        with log.producer(STREAM) as producer:
+            send = producer.send
+            for key, value, stamp in zip(data.keys, data.values, data.timestamps_us):
+                send(value, key=key, timestamp_us=stamp)
+            producer.flush()
+        seconds = watch.elapsed
+    end = log.end_offset(STREAM, 0)
+    log.close()
+    if end != n:
+        raise RuntimeError(f"the producer's log holds {end:,} of {n:,} records")
+    figures["append_producer_rps"] = rate(n, seconds)
+    progress(f"streamlog: producer {figures['append_producer_rps']:,.0f} rec/s")
+    remove(path)
+
+
 # ---------------------------------------------------------------- streamlog: reads
 
 def replay_records(log) -> tuple[int, int]:
@@ -690,6 +716,7 @@ RATIOS = {
     "append_vs_sqlite": ("append_batched_rps", "sqlite_append_rps"),
     "append_vs_lmdb": ("append_batched_rps", "lmdb_append_rps"),
     "append_concurrent_vs_baseline": ("append_concurrent_rps", "baseline_append_rps"),
+    "append_producer_vs_batched": ("append_producer_rps", "append_batched_rps"),
     "append_columns_vs_baseline": ("append_columns_rps", "baseline_append_rps"),
     "append_columns_vs_batched": ("append_columns_rps", "append_batched_rps"),
     "append_columns_vs_disk": ("append_columns_mb_s", "disk_fsync_mb_s"),
@@ -715,6 +742,7 @@ ROWS = [
     Row("streamlog append, columns", "append_columns_mb_s", "MB/s", DISK_RATIOS),
     Row("disk write + fsync, 1 MiB", "disk_fsync_mb_s", "MB/s", DISK_RATIOS),
     Row("streamlog append, 1000 concurrent", "append_concurrent_rps", "rec/s", APPEND_RATIOS),
+    Row("streamlog producer, single sends", "append_producer_rps", "rec/s", APPEND_RATIOS),
     Row("plain file replay", "baseline_replay_rps", "rec/s", REPLAY_RATIOS),
     Row("sqlite replay", "sqlite_replay_rps", "rec/s", REPLAY_RATIOS),
     Row("lmdb replay", "lmdb_replay_rps", "rec/s", REPLAY_RATIOS),
@@ -746,6 +774,8 @@ TARGETS = [
     Target("batched append ahead of LMDB", lambda f: f["append_vs_lmdb"] > 1),
     Target("columnar append >= 50% of disk write + fsync MB/s",
            lambda f: f["append_columns_vs_disk"] >= 0.5),
+    Target("producer single sends >= 0.2x batched append",
+           lambda f: f["append_producer_vs_batched"] >= 0.2),
     Target("Arrow replay >= 3,000,000 rec/s", lambda f: f["replay_arrow_rps"] >= 3e6),
     Target("timestamp seek < 5 ms", lambda f: f["timestamp_seek_ms"] < 5),
     Target("timestamp seek flat: at N within 2x (or +1 ms) of at N/10", seek_is_flat),
@@ -815,6 +845,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
                 ("batched append", lambda: measure_batched(work, data, figures)),
                 ("columnar append", lambda: measure_columns(work, data, figures)),
                 ("disk fsync limit", lambda: measure_disk(work, data, figures)),
+                ("producer", lambda: measure_producer(work, data, figures)),
                 ("concurrent append", lambda: measure_concurrent(
                     work, data, figures, CONCURRENT_RECORDS_MAX // scale,
                     CONCURRENT_SECONDS_MAX / scale)),
