@@ -449,6 +449,9 @@ class Checkpointer:
         self._unfinished = 0  # checkpoints snapshotted whose write has not finished
         self._worker: threading.Thread | None = None
         self._failure: StreamLogError | None = None
+        # Input offsets of the newest checkpoint this checkpointer made durable (None:
+        # none yet): what the runtime's retention hold follows, without reading the store.
+        self.last_written_inputs: dict[str, int] | None = None
         self._next_due = (clock() + policy.interval_s
                           if policy.mode is CheckpointMode.PERIODIC else None)
 
@@ -672,6 +675,7 @@ class Checkpointer:
         self.stats.written += 1
         self.stats.last_sequence_id = ckpt.sequence_id
         self.stats.state_bytes = len(ckpt.state)
+        self.last_written_inputs = ckpt.input_offsets  # one assignment: read by any thread
 
 
 def _describe_failure(message: str, error: BaseException) -> StreamLogError:

@@ -439,10 +439,9 @@ class OperatorRuntime:
             return need() if need is not None else (self.input_next, None)
         if self.stateless:
             return self._noted_input, None
-        if self.checkpointer is not None and self.checkpointer.stats.written:
-            ckpt = self.store.latest()
-            if ckpt is not None and self.input_key in ckpt.input_offsets:
-                return ckpt.input_offsets[self.input_key], None
+        written = None if self.checkpointer is None else self.checkpointer.last_written_inputs
+        if written is not None and self.input_key in written:
+            return written[self.input_key], None
         return self.origin, None
 
     def _update_holds(self, *, force: bool = False) -> None:

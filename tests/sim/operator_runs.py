@@ -87,3 +87,23 @@ def skewed_input(path: str, seed: int, records: int, *, keys: int, value_bytes: 
         log.create_stream("in")
         log.append_batch_sync("in", values, keys=keys_, timestamps_us=stamps)
     return path
+
+
+def crash_until_done(spec: dict, rng: random.Random, *, chunks: int, kills_max: int,
+                     jitter_s_max: float, results, child: str = CHILD
+                     ) -> tuple[int, list[int], dict]:
+    """Kill the job at random points of its progress (after 0..`chunks` chunks) until a
+    run completes, at most `kills_max` times, then let it finish. Returns (kills, the
+    number of results(log) in the output after each kill, the completed run's summary)."""
+    ends = []
+    for _ in range(kills_max):
+        outcome, summary = run_child(spec, rng.randint(0, chunks),
+                                     rng.uniform(0, jitter_s_max), child=child)
+        assert outcome != "refused", summary
+        if outcome == "completed":
+            return len(ends), ends, summary
+        with streamlog.open_log(spec["output_path"], readonly=True) as log:
+            ends.append(len(results(log)) if "out" in log.streams() else 0)
+    outcome, summary = run_child(spec, None, child=child)
+    assert outcome == "completed", summary
+    return len(ends), ends, summary

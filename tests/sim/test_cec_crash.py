@@ -25,7 +25,8 @@ import streamlog
 from streamlog.operators.cec import AggregateOperator, WindowSpec
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
-from operator_runs import run_child, skewed_input
+import operator_runs
+from operator_runs import skewed_input
 
 pytestmark = pytest.mark.slow
 
@@ -59,29 +60,12 @@ def results(log) -> list[tuple]:
     return [(r.key, r.timestamp_us, r.value) for r in log.reader("out", 0)]
 
 
-def run_once(spec: dict, kill_after_chunks: int | None,
-             jitter_s: float = 0.0) -> tuple[bool, dict | None]:
-    """(completed, its summary when completed); see operator_runs.run_child."""
-    outcome, summary = run_child(spec, kill_after_chunks, jitter_s)
-    assert outcome != "refused", summary
-    return outcome == "completed", summary
-
-
 def crash_until_done(spec: dict, rng: random.Random) -> tuple[int, list[int], dict]:
-    """Kill the job at random points of its progress until a run completes. Returns
-    (kills, the results in the output after each kill, the completed run's summary)."""
-    chunks = INPUT_RECORDS // spec["chunk_records"]
-    ends = []
-    for _ in range(KILLS_MAX):
-        completed, summary = run_once(spec, rng.randint(0, chunks),
-                                      rng.uniform(0, JITTER_S_MAX))
-        if completed:
-            return len(ends), ends, summary
-        with streamlog.open_log(spec["output_path"], readonly=True) as log:
-            ends.append(len(results(log)) if "out" in log.streams() else 0)
-    completed, summary = run_once(spec, None)
-    assert completed
-    return len(ends), ends, summary
+    """operator_runs.crash_until_done for this test's job."""
+    return operator_runs.crash_until_done(spec, rng,
+                                          chunks=INPUT_RECORDS // spec["chunk_records"],
+                                          kills_max=KILLS_MAX, jitter_s_max=JITTER_S_MAX,
+                                          results=results)
 
 
 def job_spec(input_path: str, tmp_path, name: str, mode: str, window: str) -> dict:

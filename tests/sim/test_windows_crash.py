@@ -24,7 +24,8 @@ import streamlog
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.operators.windows import CollectOffsets, WindowedOperator, read_window_results
 from streamlog.records import RecordKind
-from operator_runs import run_child, skewed_input  # beside this file, on sys.path
+import operator_runs
+from operator_runs import skewed_input  # beside this file, on sys.path
 from windows_child import build_assigner
 
 pytestmark = pytest.mark.slow
@@ -67,29 +68,11 @@ def results(log) -> list[tuple]:
              r.input_offset) for r in read_window_results(log, "out")]
 
 
-def run_once(spec: dict, kill_after_chunks: int | None,
-             jitter_s: float = 0.0) -> tuple[bool, dict | None]:
-    """(completed, its summary when completed); see operator_runs.run_child."""
-    outcome, summary = run_child(spec, kill_after_chunks, jitter_s, child=_CHILD)
-    assert outcome != "refused", summary
-    return outcome == "completed", summary
-
-
 def crash_until_done(spec: dict, rng: random.Random) -> tuple[int, list[int], dict]:
-    """Kill the job at random points of its progress until a run completes. Returns
-    (kills, the results in the output after each kill, the completed run's summary)."""
-    chunks = INPUT_RECORDS // CHUNK_RECORDS
-    ends = []
-    for _ in range(KILLS_MAX):
-        completed, summary = run_once(spec, rng.randint(0, chunks),
-                                      rng.uniform(0, JITTER_S_MAX))
-        if completed:
-            return len(ends), ends, summary
-        with streamlog.open_log(spec["output_path"], readonly=True) as log:
-            ends.append(len(results(log)) if "out" in log.streams() else 0)
-    completed, summary = run_once(spec, None)
-    assert completed
-    return len(ends), ends, summary
+    """operator_runs.crash_until_done for this test's job."""
+    return operator_runs.crash_until_done(spec, rng, chunks=INPUT_RECORDS // CHUNK_RECORDS,
+                                          kills_max=KILLS_MAX, jitter_s_max=JITTER_S_MAX,
+                                          results=results, child=_CHILD)
 
 
 @pytest.mark.parametrize("name", list(ASSIGNERS))
