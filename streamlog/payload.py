@@ -18,6 +18,7 @@ Headers of one record are encoded as u16 count, then per header u16 name length,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 import struct
@@ -254,7 +255,7 @@ def columns_to_records(columns: Columns, partition: int, start: int = 0,
         present = (key_lengths >= 0).tolist()
         record_keys = map(_key_or_none, record_keys, present)
     offsets = map(base.__add__, rows)
-    return map(Record._make, zip(
+    return map(_new_record, zip(
         itertools.repeat(partition, count), offsets, stamps, record_keys, record_values,
         itertools.repeat(RecordKind.DATA, count) if kinds is None else kinds,
         itertools.repeat((), count), itertools.repeat(columns.txn_id, count)))
@@ -262,6 +263,10 @@ def columns_to_records(columns: Columns, partition: int, start: int = 0,
 
 def _key_or_none(key: bytes, present: bool) -> bytes | None:
     return key if present else None
+
+
+# tuple.__new__ bound to Record: a C call per record where Record._make is a Python one.
+_new_record = functools.partial(tuple.__new__, Record)
 
 
 def _records_with_headers(columns: Columns, partition: int, rows, kinds):

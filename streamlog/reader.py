@@ -68,10 +68,12 @@ class Reader:
     # -- public iteration -----------------------------------------------------------
 
     def records(self):
-        """Records from the start to the end (or forever, when following)."""
-        for columns, lo, hi in self._slices_sync():
-            yield from columns_to_records(columns, self.partition.number, lo, hi,
-                                          self.data_only)
+        """Records from the start to the end (or forever, when following): an iterator
+        chained in C over each batch's records, no Python frame per record."""
+        number, data_only = self.partition.number, self.data_only
+        return itertools.chain.from_iterable(
+            columns_to_records(columns, number, lo, hi, data_only)
+            for columns, lo, hi in self._slices_sync())
 
     def arrow(self, *, include_headers: bool = False):
         """pyarrow.RecordBatch per log batch (columns partition, offset, timestamp, key,

@@ -28,6 +28,11 @@ from .messages import (FRAME_BYTES_MAX, FRAME_BYTES_MIN, HEADER, HELLO_BYTES_MAX
                        HelloOk, Message, Role, decode_message, encode_message_parts)
 from .operations import OPERATIONS
 
+# Unparsed bytes wait in a scratch buffer of this size; a frame of LARGE_FRAME_BYTES or
+# more (a BATCH or APPEND of records) is received into a buffer of its own instead.
+SCRATCH_BYTES = 256 * 1024
+LARGE_FRAME_BYTES = 64 * 1024
+
 
 class _Sentinel(type):
     """A class whose type is itself: `NEED_DATA`, `READY`, ... (h11 `_util.Sentinel`)."""
@@ -111,23 +116,60 @@ class Connection:
         self.frame_bytes_max = frame_bytes_max
         self.messages = OPERATIONS.messages if messages is None else messages
         self.state = START if role is Role.CLIENT else AWAIT_HELLO
-        self._buffer = bytearray()
-        self._start = 0
+        # Bytes not yet parsed are _scratch[_start:_end]. Buffers are never resized (a
+        # shell may still hold a view of one), only replaced, so a message may keep a view.
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._start = self._end = 0
+        # A large frame's body is received straight into a buffer of its own size (no
+        # copy of the payload in user space); (type, request id, body, bytes filled).
+        self._large: tuple[int, int, bytearray] | None = None
+        self._large_filled = 0
+        self._into_large = False
         self._eof = False
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer) - self._start
+        large = self._large_filled if self._large is not None else 0
+        return self._end - self._start + large
 
     def receive_data(self, data: bytes) -> None:
-        """Buffer bytes from the peer; b"" means the peer closed its side."""
+        """Buffer bytes from the peer (copied); b"" means the peer closed its side."""
         if not data:
             self._eof = True
             return
-        if self._start and self._start * 2 >= len(self._buffer):
-            del self._buffer[:self._start]
-            self._start = 0
-        self._buffer += data
+        data = memoryview(data)
+        while data:
+            into = self.get_buffer()
+            size = min(len(into), len(data))
+            into[:size] = data[:size]
+            self.buffer_updated(size)
+            data = data[size:]
+
+    def get_buffer(self) -> memoryview:
+        """Where the peer's next bytes should go (asyncio.BufferedProtocol.get_buffer):
+        the rest of a large frame's body, or free room in the scratch buffer. Then call
+        buffer_updated(n) with the count written."""
+        large = self._large
+        self._into_large = large is not None and self._large_filled < len(large[2])
+        if self._into_large:
+            return memoryview(large[2])[self._large_filled:]
+        if self._end == len(self._scratch):
+            self._renew_scratch()
+        return memoryview(self._scratch)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` were written into the view get_buffer() returned."""
+        if self._into_large:
+            self._large_filled += nbytes
+        else:
+            self._end += nbytes
+
+    def _renew_scratch(self, need: int = 0) -> None:
+        """A fresh scratch buffer holding the unparsed bytes (a partial frame)."""
+        rest = memoryview(self._scratch)[self._start:self._end]
+        scratch = bytearray(max(SCRATCH_BYTES, 2 * len(rest), need))
+        scratch[:len(rest)] = rest
+        self._scratch, self._start, self._end = scratch, 0, len(rest)
 
     def next_event(self):
         """The next whole message, NEED_DATA, or CLOSED. Raises RemoteProtocolError for
@@ -150,20 +192,39 @@ class Connection:
                 return
 
     def _next_event(self):
-        available = len(self._buffer) - self._start
+        if self._large is not None:
+            type_code, request_id, body = self._large
+            if self._large_filled < len(body):
+                return self._starved(self._large_filled + 1)
+            self._large = None
+            return self._decode(type_code, request_id, memoryview(body))
+        available = self._end - self._start
         if available < HEADER.size:
             return self._starved(available)
-        length, type_code, request_id = HEADER.unpack_from(self._buffer, self._start)
+        length, type_code, request_id = HEADER.unpack_from(self._scratch, self._start)
         limit = self.frame_bytes_max if self.state is READY else HELLO_BYTES_MAX
         if length > limit:
             raise LocalProtocolError(f"frame of {length} bytes is over the limit of {limit}",
                                      ErrorCode.FRAME_TOO_LARGE)
         if length < FRAME_BYTES_MIN:
             raise LocalProtocolError(f"frame length {length} is impossible")
+        body_start, end = self._start + HEADER.size, self._start + 4 + length
         if available < 4 + length:
+            if length >= LARGE_FRAME_BYTES:  # the rest of its body goes straight to its own
+                body = bytearray(end - body_start)
+                have = self._end - body_start
+                body[:have] = memoryview(self._scratch)[body_start:self._end]
+                self._large, self._large_filled = (type_code, request_id, body), have
+                self._start = self._end
+            elif end > len(self._scratch):
+                self._renew_scratch(4 + length)
             return self._starved(available)
-        body = bytes(memoryview(self._buffer)[self._start + HEADER.size:self._start + 4 + length])
-        self._start += 4 + length
+        self._start = end
+        if length >= LARGE_FRAME_BYTES:  # a view: the scratch buffer is never rewritten
+            return self._decode(type_code, request_id, memoryview(self._scratch)[body_start:end])
+        return self._decode(type_code, request_id, bytes(self._scratch[body_start:end]))
+
+    def _decode(self, type_code: int, request_id: int, body):
         message = decode_message(type_code, request_id, body, self.messages)
         self._transition_received(message)
         return message

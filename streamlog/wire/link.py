@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument, LogClosed, StreamLogError
 from .codes import DaemonUnavailable, RemoteProtocolError, exception_for
-from .connection import CLOSED, Connection
+from .connection import CLOSED, NEED_DATA, Connection
 from .messages import (FRAME_BYTES_MAX, REQUEST_ID_MAX, WIRE_VERSION, Error, Hello, HelloOk,
                        Message, Ping, Role)
 
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 7541
 SCHEMES = ("streamlog", "streamlog+tls")
 CONNECT_TIMEOUT_S = 10.0
-READ_CHUNK_BYTES = 1024 * 1024
-# StreamReader pauses the socket past twice this: room for a credit window in flight
-STREAM_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,20 +150,20 @@ class Link:
                                        credentials.timeout_s)
         where = f"{address.host}:{address.port}"
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                address.host, address.port, ssl=context, limit=STREAM_LIMIT_BYTES,
+            _, receiver = await asyncio.wait_for(self.loop.create_connection(
+                lambda: _Receiver(self), address.host, address.port, ssl=context,
                 server_hostname=address.host if context else None), timeout_s)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as error:
             raise DaemonUnavailable(f"cannot reach the streamlog daemon at {where}: "
                                     f"{error or type(error).__name__}") from None
-        self._writer = writer
+        self._writer = receiver
         hello = Hello(0, WIRE_VERSION, credentials.token,
                       credentials.client_name or f"pid {os.getpid()}")
         try:
-            writer.write(self.conn.send(hello))
-            reply = await asyncio.wait_for(self._handshake(reader, where), timeout_s)
+            receiver.write(self.conn.send(hello))
+            reply = await asyncio.wait_for(self._handshake(where), timeout_s)
         except BaseException as error:
-            writer.close()
+            receiver.close()
             if isinstance(error, asyncio.TimeoutError):
                 raise DaemonUnavailable(f"no answer to HELLO from {where} within "
                                         f"{timeout_s:g} s") from None
@@ -175,39 +172,40 @@ class Link:
                                         f"{error}") from None
             raise
         self.frame_bytes_max = reply.frame_bytes_max
-        self._tasks = [asyncio.create_task(self._receive(reader)),
-                       asyncio.create_task(self._heartbeat(reply.idle_timeout_ms / 3000))]
+        self._tasks = [asyncio.create_task(self._heartbeat(reply.idle_timeout_ms / 3000))]
 
-    async def _handshake(self, reader, where: str) -> HelloOk:
-        while True:
-            message = self.conn.next_event()
-            if isinstance(message, HelloOk):
-                return message
-            if isinstance(message, Error):
-                raise exception_for(message.code, f"daemon at {where}: {message.message}")
-            if message is CLOSED:
-                raise DaemonUnavailable(f"the daemon at {where} closed the connection")
-            data = await reader.read(READ_CHUNK_BYTES)
-            self.conn.receive_data(data)
+    async def _handshake(self, where: str) -> HelloOk:
+        message = await self._writer.hello
+        if isinstance(message, HelloOk):
+            return message
+        if isinstance(message, Error):
+            raise exception_for(message.code, f"daemon at {where}: {message.message}")
+        if isinstance(message, BaseException):
+            raise message
+        raise DaemonUnavailable(f"the daemon at {where} closed the connection")
 
-    async def _receive(self, reader) -> None:
+    def _received(self) -> None:
+        """The receiver got bytes (or the end): route every whole message."""
         try:
-            while True:
-                for message in self.conn.events(await reader.read(READ_CHUNK_BYTES)):
-                    if message is CLOSED:
-                        raise DaemonUnavailable("the daemon closed the connection")
-                    self._route(message)
-        except asyncio.CancelledError:
-            self._fail_all(LogClosed("the client was closed"))
-            if self._writer is not None:  # asyncio.run() ending under a native link
-                self._writer.close()
-            raise
-        except RemoteProtocolError as error:
-            self._fail_all(error)
-        except StreamLogError as error:
-            self._fail_all(error)
-        except (OSError, ConnectionError) as error:
-            self._fail_all(DaemonUnavailable(f"connection to the daemon lost: {error}"))
+            while (message := self.conn.next_event()) is not NEED_DATA:
+                if not self._writer.hello.done():  # HELLO_OK, ERROR or CLOSED
+                    self._writer.hello.set_result(message)
+                    if isinstance(message, HelloOk):
+                        continue
+                    return
+                if message is CLOSED:
+                    raise DaemonUnavailable("the daemon closed the connection")
+                self._route(message)
+        except (RemoteProtocolError, StreamLogError) as error:
+            self._lost(error)
+
+    def _lost(self, error: StreamLogError) -> None:
+        receiver = self._writer
+        if receiver is not None and not receiver.hello.done():
+            receiver.hello.set_result(error)
+        self._fail_all(error)
+        if receiver is not None:
+            receiver.close()
 
     def _route(self, message: Message) -> None:
         reader = self.subscriptions.get(message.request_id)
@@ -283,6 +281,7 @@ class Link:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_all(LogClosed("the client was closed"))
         if self._writer is not None:
             self._writer.close()
             try:
@@ -323,6 +322,7 @@ class Link:
     def _abort(self) -> None:
         for task in self._tasks:
             task.cancel()
+        self._fail_all(LogClosed("the client was closed"))
         if self._writer is not None:
             self._writer.close()
 
@@ -334,6 +334,71 @@ def unusable(task: asyncio.Task) -> bool:
     if task.cancelled() or task.exception() is not None:
         return True
     return task.result().failure is not None
+
+
+class _Receiver(asyncio.BufferedProtocol):
+    """The link's socket: bytes go straight into the connection's buffers (a large
+    BATCH's payload into a buffer of its own: no copy in user space), and the link
+    routes each message as it completes. Also the link's writer (write, drain, close)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.transport: asyncio.Transport | None = None
+        self.hello: asyncio.Future = link.loop.create_future()  # the handshake's answer
+        self._closed: asyncio.Future = link.loop.create_future()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.link._writer = self  # before any byte arrives (an early refusal)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.link.conn.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.link.conn.buffer_updated(nbytes)
+        self.link._received()
+
+    def eof_received(self) -> bool:
+        self.link.conn.receive_data(b"")
+        self.link._received()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._writable.set()  # wake drain(), which then sees the closed transport
+        why = f": {exc}" if exc else ""
+        self.link._lost(DaemonUnavailable(f"connection to the daemon lost{why}"))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- the writer's side (what link.py used of asyncio.StreamWriter) --------------
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.transport.is_closing():
+            raise ConnectionResetError("connection closed")
+        await self._writable.wait()
+        if self._closed.done():
+            raise ConnectionResetError("connection lost")
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
 
 
 # -- crossing to a consumer's thread ---------------------------------------------------
