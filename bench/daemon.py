@@ -521,8 +521,8 @@ TARGETS = [
     Target("daemon replay >= 10x redis", lambda f: at_least(f, "daemon_vs_redis_replay", 10)),
     Target("daemon append >= 10x nats", lambda f: at_least(f, "daemon_vs_nats_append", 10)),
     Target("daemon replay >= 10x nats", lambda f: at_least(f, "daemon_vs_nats_replay", 10)),
-    Target("daemon append within 2x of local",
-           lambda f: at_least(f, "daemon_vs_local_append", 0.5)),
+    Target("daemon append >= 0.8x local",
+           lambda f: at_least(f, "daemon_vs_local_append", 0.8)),
     Target("daemon replay (arrow) within 2x of local",
            lambda f: at_least(f, "daemon_vs_local_replay", 0.5)),
 ]
