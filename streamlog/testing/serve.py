@@ -19,22 +19,30 @@ SERVE = "from streamlog.wire.serve_cli import main; main()"
 
 
 class ServeProcess:
-    """`streamlog serve PATH --port 0 --metrics-port off [extra...]` with `token`."""
+    """`streamlog serve PATH --port 0 --metrics-port off [extra...]` with `token`.
+    `port` / `metrics_port` (strings) replace those two options; None leaves one out (the
+    daemon's default: 7541, metrics on the data port + 1). `metrics_port` is the one the
+    daemon bound, None with no HTTP port."""
 
-    def __init__(self, path, *extra: str, token: str, start_timeout_s: float = 30) -> None:
+    def __init__(self, path, *extra: str, token: str, start_timeout_s: float = 30,
+                 port: str | None = "0", metrics_port: str | None = "off") -> None:
         env = dict(os.environ, STREAMLOG_TOKEN=token)
+        options = [*(("--port", port) if port is not None else ()),
+                   *(("--metrics-port", metrics_port) if metrics_port is not None else ())]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(path), "--port", "0", "--metrics-port", "off",
-             *extra],
+            [sys.executable, "-c", SERVE, str(path), *options, *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[dict] = []
-        self._listening = threading.Event()
+        self._started = threading.Event()  # "listening", or stderr ended (it failed)
         threading.Thread(target=self._collect, daemon=True).start()
-        if not self._listening.wait(start_timeout_s):
+        self._started.wait(start_timeout_s)
+        listening = next((line for line in self.lines if line.get("event") == "listening"),
+                         None)
+        if listening is None:
             self.proc.kill()
             raise AssertionError(f"the daemon did not start: {self.lines}")
-        self.port = next(line["port"] for line in self.lines
-                         if line.get("event") == "listening")
+        self.port = listening["port"]
+        self.metrics_port = listening.get("metrics_port")
         self.url = f"streamlog://127.0.0.1:{self.port}"
 
     def _collect(self) -> None:
@@ -44,7 +52,8 @@ class ServeProcess:
             except ValueError:
                 self.lines.append({"event": "text", "text": line})
             if self.lines[-1].get("event") == "listening":
-                self._listening.set()
+                self._started.set()
+        self._started.set()
 
     def events(self) -> list[str]:
         return [line.get("event") for line in self.lines]

@@ -1,16 +1,20 @@
-"""`streamlog serve LOG`: run the daemon (DESIGN 9 and 10).
+"""`streamlog serve LOG`: run the daemon that serves a log over TCP.
 
 Strategy: `add_serve_parser(subparsers)` registers the verb on the main command line and
 `run_serve(args) -> exit code` runs it, so streamlog/cli/__init__.py wires `serve` with two calls.
 `main(argv)` runs the same thing standalone (`python -m streamlog.wire.serve_cli LOG`).
 
 The token comes from STREAMLOG_TOKEN only (never a flag: argv is visible to every user
-of the machine); without one the daemon refuses to start (exit 2, one line). It creates
-a missing log, logs JSON lines on stderr (the first, "listening", names the ports), and
-on SIGTERM or SIGINT drains (module docstring of server.py) and exits 0.
+of the machine); without one the daemon refuses to start (exit 2, one line). The data
+port and the metrics port (default: the data port + 1) are bound first, then the log is
+opened (created when missing), so a port in use fails before anything is created. It
+logs JSON lines on stderr (the first, "listening", names the ports) and on SIGTERM or
+SIGINT drains (module docstring of server.py) and exits 0.
 
-Exit codes: 0 after a drain; 1 the log cannot be opened (corruption, held by another
-process) or a port cannot be bound; 2 usage (no token, bad TLS files).
+Exit codes: 0 after a drain; 1 the log cannot be opened (corruption, a data error);
+2 usage: no token, bad TLS files, a port that cannot be bound (in use, not allowed;
+the message names the port and says "data" or "metrics"). The help's epilog is the
+operator's documentation.
 """
 
 from __future__ import annotations
@@ -25,17 +29,74 @@ import sys
 
 from ..errors import StreamLogError
 from . import messages
-from .server import (LogServer, Metrics, ServerConfig, TimedFileIO, configure_json_logging)
+from .metrics import Metrics, TimedFileIO, count_scrub_result
+from .server import (ListenError, Listeners, LogServer, ServerConfig,
+                     configure_json_logging)
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE = 0, 1, 2
+DEFAULT_PORT = 7541
+NO_METRICS = "none"  # --metrics-port none: no HTTP port
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+_SUMMARY = "serve a log to remote clients over TCP (token from STREAMLOG_TOKEN)"
+
+_EPILOG = """\
+Serves the log directory LOG (created if missing) to remote clients: the Python API
+through streamlog.open_log("streamlog://HOST:PORT"), and every streamlog command except
+dump, verify and repair given that URL in place of LOG.
+
+token:
+  The daemon reads its token from the environment variable STREAMLOG_TOKEN (never from
+  a flag: the command line is visible to every user of the machine) and refuses to
+  start without one (exit 2). Clients send the same token: the streamlog commands and
+  open_log take it from STREAMLOG_TOKEN too.
+
+ports:
+  --port P (default 7541; 0: any free port) is the data port, streamlog's own protocol.
+  --metrics-port M (default P+1, that is 7542; any free port when P is 0; 0: any free
+  port; none: no HTTP port at all) serves plain HTTP without a token, on --host:
+    GET /healthz  200 {"status": "ok", "connections": N}; 503 while starting or draining
+    GET /metrics  Prometheus metrics, streamlog_* (the text format; OpenMetrics when the
+                  scraper asks for it): appends, reads, connections, tailers and their
+                  lag, fsync and append latency, scrubbing (each counter and
+                  histogram also has a NAME_created series, the library's default;
+                  PROMETHEUS_DISABLE_CREATED_SERIES=True in the environment drops them)
+  The first log line ("listening") names both ports. A port in use is one line naming
+  it (data or metrics port) and exit 2; nothing is created then.
+  --host other than loopback exposes the daemon to the network: use TLS there.
+
+TLS:
+  --tls-cert FILE --tls-key FILE (PEM, both together) serve the data port over TLS;
+  clients connect to streamlog+tls://HOST:PORT. The metrics port stays plain HTTP.
+
+logs and stopping:
+  JSON lines on stderr, one event each. SIGTERM (or Ctrl-C) drains: the ports close,
+  appends already received finish (an acknowledged append is durable under --fsync),
+  open reads end with an error, the log is closed; then exit 0.
+
+exit codes:
+  0  stopped by SIGTERM or SIGINT after a drain
+  1  the log cannot be opened (damaged, or another data error)
+  2  usage: no STREAMLOG_TOKEN, bad TLS files, a port that cannot be bound
+
+examples:
+  export STREAMLOG_TOKEN=$(cat /etc/streamlog/token)
+  streamlog serve /var/lib/streamlog/log                    # 127.0.0.1:7541, metrics 7542
+  streamlog serve data/log --port 9000                      # metrics on 9001
+  streamlog serve data/log --port 9100 --metrics-port none  # no HTTP port
+  streamlog serve data/log --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
+  curl -s http://127.0.0.1:7542/healthz
+  curl -s http://127.0.0.1:7542/metrics | grep '^streamlog_append_records_total'
+  streamlog read streamlog://127.0.0.1:7541 --stream events --follow
+  kill -TERM $DAEMON_PID                                    # drains, then exit 0
+"""
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `serve` verb to an argparse subparsers object; returns its parser."""
     parser = subparsers.add_parser(
-        "serve", help="serve a log to remote clients (token from STREAMLOG_TOKEN)",
-        description=__doc__.split("\n\n")[0])
+        "serve", help=_SUMMARY, description=_SUMMARY, epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser
 
@@ -44,28 +105,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", metavar="LOG", help="the log directory (created if missing)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=_port, default=7541, help="default 7541; 0: any free")
-    parser.add_argument("--metrics-port", type=_metrics_port, default=7542,
-                        help="HTTP port for /healthz and /metrics (default 7542; 0: any "
-                             "free; off: none)")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, metavar="P",
+                        help=f"data port (default {DEFAULT_PORT}; 0: any free port)")
+    parser.add_argument("--metrics-port", type=_metrics_port, metavar="M",
+                        help="HTTP port for /healthz and /metrics (default P+1; 0: any "
+                             "free port; none: no HTTP port)")
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
-    parser.add_argument("--max-connections", type=_positive, default=256)
-    parser.add_argument("--max-frame-bytes", type=_positive, default=messages.FRAME_BYTES_MAX)
-    parser.add_argument("--idle-timeout-s", type=float, default=120.0,
-                        help="close a connection silent this long (clients ping)")
-    parser.add_argument("--txn-timeout-s", type=float, default=900.0,
+    parser.add_argument("--max-connections", type=_positive, default=256, metavar="N",
+                        help="refuse connections beyond N (default 256)")
+    parser.add_argument("--max-frame-bytes", type=_positive, default=messages.FRAME_BYTES_MAX,
+                        metavar="B", help="largest frame a client may send (default "
+                                          f"{messages.FRAME_BYTES_MAX})")
+    parser.add_argument("--idle-timeout-s", type=float, default=120.0, metavar="S",
+                        help="close a connection silent this long (clients ping; "
+                             "default 120)")
+    parser.add_argument("--txn-timeout-s", type=float, default=900.0, metavar="S",
                         help="abort a transaction left open this long (a client that "
-                             "died before committing); 0: never")
+                             "died before committing; default 900); 0: never")
     parser.add_argument("--fsync", choices=("always", "interval", "never"), default="always",
                         help="the log's fsync policy (default always: an acknowledged "
                              "append is on stable storage)")
-    parser.add_argument("--fsync-interval-ms", type=_positive, default=50)
-    parser.add_argument("--scrub-mib-per-s", type=float, default=32.0,
+    parser.add_argument("--fsync-interval-ms", type=_positive, default=50, metavar="MS",
+                        help="with --fsync interval: at most this long between fsyncs "
+                             "(default 50)")
+    parser.add_argument("--scrub-mib-per-s", type=float, default=32.0, metavar="R",
                         help="re-verify sealed segments in the background at most this "
                              "fast (MiB/s; default 32; 0: off); results in the log, in "
                              "/metrics and in `streamlog info`")
-    parser.add_argument("--scrub-interval-s", type=float, default=3600.0,
+    parser.add_argument("--scrub-interval-s", type=float, default=3600.0, metavar="S",
                         help="pause between two scrubbing passes (default 3600)")
 
 
@@ -78,8 +146,16 @@ def run_serve(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         _say("--tls-cert and --tls-key go together")
         return EXIT_USAGE
+    if args.log.startswith(("streamlog://", "streamlog+tls://")):
+        _say(f"LOG is the log directory to serve, not a daemon URL ({args.log})")
+        return EXIT_USAGE
+    try:
+        metrics_port = metrics_port_for(args.port, args.metrics_port)
+    except ValueError as error:
+        _say(str(error))
+        return EXIT_USAGE
     config = ServerConfig(
-        token=token.encode(), host=args.host, port=args.port, metrics_port=args.metrics_port,
+        token=token.encode(), host=args.host, port=args.port, metrics_port=metrics_port,
         tls_cert=args.tls_cert, tls_key=args.tls_key, connections_max=args.max_connections,
         frame_bytes_max=max(args.max_frame_bytes, messages.HELLO_BYTES_MAX),
         idle_timeout_s=args.idle_timeout_s, txn_timeout_s=args.txn_timeout_s)
@@ -87,44 +163,63 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.host not in _LOOPBACK:
         logging.getLogger("streamlog.wire.server").warning(
             "not_loopback", extra={"fields": {"host": args.host, "tls": bool(args.tls_cert)}})
-    metrics = Metrics()
-    from ..log import open_log
-    try:
-        log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
-                       fileio=TimedFileIO(metrics.fsync_seconds),
-                       scrub_interval_s=args.scrub_interval_s)
-    except StreamLogError as error:
-        _say(f"cannot open {args.log}: {error}")
-        return EXIT_DATA
-    except OSError as error:
-        _say(f"cannot open {args.log}: {error.strerror or error}")
-        return EXIT_DATA
-    if args.scrub_mib_per_s > 0:
-        from .server import count_scrub_result
-        log.start_scrubber(bytes_per_s=max(int(args.scrub_mib_per_s * (1 << 20)), 1),
-                           on_result=lambda result: count_scrub_result(metrics, result))
-    return asyncio.run(_serve(log, config, metrics))
+    return asyncio.run(_serve(args, config))
 
 
-async def _serve(log, config: ServerConfig, metrics: Metrics) -> int:
-    server = LogServer(log, config, metrics)
-    try:
-        await server.start()
-    except (ssl.SSLError, FileNotFoundError, IsADirectoryError) as error:
-        await asyncio.to_thread(log.close)
-        _say(f"TLS: cannot load {config.tls_cert} / {config.tls_key}: {error}")
-        return EXIT_USAGE
-    except OSError as error:
-        await asyncio.to_thread(log.close)
-        _say(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}")
-        return EXIT_DATA
+def metrics_port_for(port: int, metrics_port: int | str | None) -> int | None:
+    """The metrics port ServerConfig takes: None (not given) is the data port + 1 (any
+    free port when the data port is 0), NO_METRICS is None (no HTTP port)."""
+    if metrics_port == NO_METRICS:
+        return None
+    if metrics_port is None:
+        if port == 65535:
+            raise ValueError("--port 65535 leaves no port for metrics (P+1): give "
+                             "--metrics-port M or --metrics-port none")
+        return port + 1 if port else 0
+    if metrics_port and metrics_port == port:
+        raise ValueError(f"--metrics-port {metrics_port} is the data port too")
+    return metrics_port
+
+
+async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
+    """Bind both ports, then open (or create) the log, then serve until a signal (one
+    during the open, which can be a long recovery, drains as soon as the log is open)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stop.set)
+    try:
+        listeners = await Listeners.bind(config)
+    except ListenError as error:
+        _say(str(error))
+        return EXIT_USAGE
+    except (ssl.SSLError, OSError) as error:
+        _say(f"TLS: cannot load {config.tls_cert} / {config.tls_key}: {error}")
+        return EXIT_USAGE
+    metrics = Metrics()
+    try:
+        log = await asyncio.to_thread(_open_log, args, metrics)
+    except (StreamLogError, OSError) as error:
+        listeners.close()
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        _say(f"cannot open {args.log}: {reason}")
+        return EXIT_DATA
+    server = LogServer(log, config, metrics)
+    await server.start(listeners)
     await stop.wait()
     await server.drain()
     return EXIT_OK
+
+
+def _open_log(args: argparse.Namespace, metrics: Metrics):
+    from ..log import open_log
+    log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
+                   fileio=TimedFileIO(metrics.fsync_seconds),
+                   scrub_interval_s=args.scrub_interval_s)
+    if args.scrub_mib_per_s > 0:
+        log.start_scrubber(bytes_per_s=max(int(args.scrub_mib_per_s * (1 << 20)), 1),
+                           on_result=lambda result: count_scrub_result(metrics, result))
+    return log
 
 
 def _say(message: str) -> None:
@@ -132,18 +227,24 @@ def _say(message: str) -> None:
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port") from None
     if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a port")
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0 to 65535)")
     return value
 
 
-def _metrics_port(text: str) -> int | None:
-    return None if text.lower() in ("off", "none") else _port(text)
+def _metrics_port(text: str) -> int | str:
+    return NO_METRICS if text.lower() in (NO_METRICS, "off") else _port(text)
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
     return value
@@ -151,8 +252,9 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Standalone entry point: the arguments of `streamlog serve`."""
-    parser = argparse.ArgumentParser(prog="streamlog serve",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="streamlog serve", description=_SUMMARY,
+                                     epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     sys.exit(run_serve(parser.parse_args(argv)))
 

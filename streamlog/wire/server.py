@@ -27,29 +27,31 @@ finish (their acknowledgements are written: each was durable under the fsync pol
 before it was acknowledged), end reads with ERROR SHUTTING_DOWN, close the log (fsync,
 writer lock released). Nothing is acknowledged that the log has not made durable.
 
-Logs are JSON lines (`configure_json_logging`); /healthz and Prometheus /metrics are
-served on a second, plain-HTTP port, without a token, on the same host as the data port.
+Logs are JSON lines (`configure_json_logging`); /healthz and Prometheus /metrics
+(metrics.py: prometheus_client, a registry per daemon) are served on a second,
+plain-HTTP port, without a token, on the same host as the data port. `Listeners` binds
+both ports before the log is opened, so that a port in use fails before the daemon
+creates anything.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import dataclasses
 import datetime
 import functools
 import json
 import logging
+import os
 import ssl
-import threading
 import time
 
 from ..errors import StreamLogError
-from ..fileio import OsFileIO
 from .codes import ErrorCode
 from .connection import Connection
 from .messages import FRAME_BYTES_MAX, HELLO_BYTES_MAX, Error, Role
+from .metrics import Metrics
 from .operations import OPERATIONS, OperationTable
 from .session import READ_CHUNK_BYTES, Session, event
 
@@ -125,101 +127,124 @@ def configure_json_logging(stream, level: int = logging.INFO) -> logging.Handler
     return handler
 
 
-# -- metrics ---------------------------------------------------------------------------
+# -- listening -------------------------------------------------------------------------
 
-class Histogram:
-    """A Prometheus histogram; observe() may be called from any thread."""
+class ListenError(OSError):
+    """A port could not be bound or listened on; names the listener ("data" or
+    "metrics") and the address. str(): one line for the operator."""
 
-    def __init__(self, buckets=LATENCY_BUCKETS_S) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-        self._lock = threading.Lock()
+    def __init__(self, listener: str, host: str, port: int, error: OSError) -> None:
+        # asyncio's own message repeats the address: the errno's words say enough
+        super().__init__(error.errno, os.strerror(error.errno) if error.errno else str(error))
+        self.listener, self.host, self.port = listener, host, port
 
-    def observe(self, seconds: float) -> None:
-        with self._lock:
-            for i, bound in enumerate(self.buckets):
-                if seconds <= bound:
-                    self.counts[i] += 1
-                    break
-            else:
-                self.counts[-1] += 1
-            self.total += seconds
-
-    def render(self, name: str, help_text: str) -> list[str]:
-        with self._lock:
-            counts, total = list(self.counts), self.total
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        running = 0
-        for bound, count in zip(self.buckets, counts):
-            running += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {running}')
-        running += counts[-1]
-        lines += [f'{name}_bucket{{le="+Inf"}} {running}', f"{name}_sum {total:.6f}",
-                  f"{name}_count {running}"]
-        return lines
+    def __str__(self) -> str:
+        where = f"[{self.host}]" if ":" in self.host else self.host
+        return (f"cannot listen on {where}:{self.port} ({self.listener} port): "
+                f"{self.strerror}")
 
 
-class TimedFileIO(OsFileIO):
-    """OsFileIO that times every fsync of a segment (the latency an append waits for)."""
-
-    def __init__(self, histogram: Histogram) -> None:
-        super().__init__()
-        self.histogram = histogram
-
-    def fsync(self, handle: int) -> None:
-        start = time.perf_counter()
-        super().fsync(handle)
-        self.histogram.observe(time.perf_counter() - start)
+def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """The data port's TLS context, or None; raises ssl.SSLError or OSError for bad files."""
+    if not config.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
 
 
-class Metrics:
-    """Counters and gauges of one daemon; loop-thread only, except the histograms."""
+class Listeners:
+    """The daemon's ports, bound and listening before the log is opened (so that a port
+    in use fails before anything is created), handed to a LogServer by `start`.
+
+    `await Listeners.bind(config)` loads the TLS files (raising their ssl.SSLError or
+    OSError), then binds the data port and the metrics port (ListenError). A client that
+    connects before a server takes them waits (its data connection) or is told
+    503 "starting" (HTTP); `close()` without a server ends them.
+    """
 
     def __init__(self) -> None:
-        self.counters = collections.Counter()
-        self.fsync_seconds = Histogram()
-        self.append_seconds = Histogram()
-        self._samples: collections.deque[tuple[float, int]] = collections.deque(
-            maxlen=RATE_WINDOW_S + 1)
+        self.server: LogServer | None = None
+        self.data: asyncio.AbstractServer | None = None
+        self.http: asyncio.AbstractServer | None = None
+        self._attached = asyncio.Event()
 
-    def sample(self) -> None:
-        self._samples.append((time.monotonic(), self.counters["append_records"]))
+    @classmethod
+    async def bind(cls, config: ServerConfig) -> "Listeners":
+        tls = tls_context(config)
+        listeners = cls()
+        try:
+            listeners.data = await _listen(
+                "data", listeners._accept, config.host, config.port, ssl=tls,
+                limit=READ_CHUNK_BYTES,
+                ssl_handshake_timeout=config.handshake_timeout_s if tls else None)
+            if config.metrics_port is not None:
+                listeners.http = await _listen("metrics", listeners._http, config.host,
+                                               config.metrics_port)
+        except BaseException:
+            listeners.close()
+            raise
+        return listeners
 
-    def appends_per_second(self) -> float:
-        if len(self._samples) < 2:
-            return 0.0
-        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+    @property
+    def port(self) -> int:
+        return self.data.sockets[0].getsockname()[1]
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.http is None else self.http.sockets[0].getsockname()[1]
+
+    def attach(self, server: "LogServer") -> None:
+        self.server = server
+        self._attached.set()
+
+    def close(self) -> None:
+        """Stop listening on both ports (a server's drain closes them itself)."""
+        for server in (self.data, self.http):
+            if server is not None:
+                server.close()
+        self._attached.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        await self._attached.wait()
+        if self.server is None:
+            writer.close()
+        else:
+            await self.server._accept(reader, writer)
+
+    async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """One HTTP/1.1 request (GET or HEAD), answered by the server, then close."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            lines = request.decode("latin-1").split("\r\n")
+            method, target, *_ = lines[0].split(" ")
+            headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
+            accept = next((v.strip() for k, v in headers.items() if k.lower() == "accept"), "")
+            if self.server is None:
+                status, kind, body = ("503 Service Unavailable", "application/json",
+                                      b'{"status": "starting"}\n')
+            else:
+                status, kind, body = self.server._http_answer(
+                    method, target.split("?", 1)[0], accept)
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            writer.write(head.encode() + (b"" if method == "HEAD" else body))
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
 
 
-_COUNTERS = (
-    ("append_requests", "streamlog_append_requests_total", "APPEND requests acknowledged"),
-    ("append_records", "streamlog_append_records_total", "records appended and acknowledged"),
-    ("append_bytes", "streamlog_append_bytes_total", "payload bytes of acknowledged appends"),
-    ("read_records", "streamlog_read_records_total", "records sent to readers and tailers"),
-    ("read_bytes", "streamlog_read_bytes_total", "payload bytes sent to readers and tailers"),
-    ("connections", "streamlog_connections_total", "connections accepted"),
-    ("auth_failures", "streamlog_auth_failures_total", "HELLOs refused for a wrong token"),
-    ("protocol_errors", "streamlog_protocol_errors_total", "connections ended for garbage"),
-    ("refused", "streamlog_connections_refused_total", "connections over connections_max"),
-    ("request_errors", "streamlog_request_errors_total", "requests answered with ERROR"),
-    ("scrub_segments", "streamlog_scrub_segments_total",
-     "sealed segments re-verified by the background scrubber"),
-    ("scrub_bytes", "streamlog_scrub_bytes_total", "bytes re-verified by the scrubber"),
-    ("scrub_problems", "streamlog_scrub_problems_total",
-     "scrubbed segments that failed their whole-file checksum (or could not be read)"),
-)
+async def _listen(listener: str, handler, host: str, port: int, **options):
+    try:
+        return await asyncio.start_server(handler, host, port, **options)
+    except OSError as error:
+        raise ListenError(listener, host, port, error) from error
 
 
 # -- the server ------------------------------------------------------------------------
-
-def count_scrub_result(metrics, result) -> None:
-    """The scrubber's on_result callback (its thread): feed the counters above."""
-    metrics.counters["scrub_segments"] += 1
-    metrics.counters["scrub_bytes"] += result.check.bytes_hashed
-    metrics.counters["scrub_problems"] += int(result.check.is_problem)
-
 
 class LogServer:
     """Serves `log` (a writable streamlog.Log) until drain(). Loop-thread only.
@@ -235,6 +260,7 @@ class LogServer:
         self.operations = operations
         self.config = config.validate()
         self.metrics = metrics or Metrics()
+        self.metrics.watch(self)
         self.sessions: set[Session] = set()
         self.draining = False
         self.port: int | None = None
@@ -247,30 +273,20 @@ class LogServer:
         self._txn_seen: dict[tuple[str, int, int], float] = {}  # first seen open, monotonic
         self._txn_checked = 0.0
 
-    async def start(self) -> None:
-        """Listen on the data port (and the metrics port); log where."""
+    async def start(self, listeners: Listeners | None = None) -> None:
+        """Serve on `listeners` (bound by `Listeners.bind` before the log was opened), or
+        bind the data port and the metrics port now (ListenError, ssl.SSLError); log
+        where."""
         config = self.config
-        tls = self._tls_context()
-        server = await asyncio.start_server(
-            self._accept, config.host, config.port, ssl=tls, limit=READ_CHUNK_BYTES,
-            ssl_handshake_timeout=config.handshake_timeout_s if tls else None)
-        self._servers.append(server)
-        self.port = server.sockets[0].getsockname()[1]
-        if config.metrics_port is not None:
-            http = await asyncio.start_server(self._http, config.host, config.metrics_port)
-            self._servers.append(http)
-            self.metrics_port = http.sockets[0].getsockname()[1]
+        if listeners is None:
+            listeners = await Listeners.bind(config)
+        self._servers = [listeners.data] + ([listeners.http] if listeners.http else [])
+        self.port, self.metrics_port = listeners.port, listeners.metrics_port
+        listeners.attach(self)
         self._ticker = asyncio.create_task(self._tick())
         event(logging.INFO, "listening", host=config.host, port=self.port,
-              metrics_port=self.metrics_port, tls=tls is not None, log=self.log.path,
+              metrics_port=self.metrics_port, tls=bool(config.tls_cert), log=self.log.path,
               fsync=self.log.config.fsync.value)
-
-    def _tls_context(self) -> ssl.SSLContext | None:
-        if not self.config.tls_cert:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        return context
 
     async def _tick(self) -> None:
         while True:
@@ -361,25 +377,10 @@ class LogServer:
         event(logging.INFO, "stopped", seconds=round(time.monotonic() - started, 3),
               appended_records=self.metrics.counters["append_records"])
 
-    # -- HTTP: /healthz and /metrics ----------------------------------------------------
+    # -- HTTP: /healthz and /metrics (served by Listeners._http) ------------------------
 
-    async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            status, kind, body = self._http_answer(method, path.split("?", 1)[0])
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError, ValueError):
-            pass
-        finally:
-            writer.close()
-
-    def _http_answer(self, method: str, path: str) -> tuple[str, str, bytes]:
-        if method != "GET":
+    def _http_answer(self, method: str, path: str, accept: str = "") -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
         if path == "/healthz":
             healthy = not self.draining and not self.log.closed
@@ -387,34 +388,9 @@ class LogServer:
                                "connections": len(self.sessions)}).encode() + b"\n"
             return ("200 OK" if healthy else "503 Service Unavailable"), "application/json", body
         if path == "/metrics":
-            return "200 OK", "text/plain; version=0.0.4", self.render_metrics().encode()
+            body, kind = self.metrics.exposition(accept)
+            return "200 OK", kind, body
         return "404 Not Found", "text/plain", b"try /healthz or /metrics\n"
-
-    def render_metrics(self) -> str:
-        counters, lines = self.metrics.counters, []
-        for key, name, help_text in _COUNTERS:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
-                      f"{name} {counters[key]}"]
-        tailers = [s for session in self.sessions for s in session.subscriptions.values()
-                   if s.follow]
-        lags = [s.lag() for s in tailers]
-        gauges = (
-            ("streamlog_appends_per_second", "records appended per second, last 10 s",
-             round(self.metrics.appends_per_second(), 3)),
-            ("streamlog_connections", "open connections", len(self.sessions)),
-            ("streamlog_tailers", "follow reads open", len(tailers)),
-            ("streamlog_tail_lag_records", "records acknowledged but not yet sent, summed"
-             " over tailers", sum(lags)),
-            ("streamlog_tail_lag_records_max", "largest lag of one tailer", max(lags, default=0)),
-            ("streamlog_draining", "1 while shutting down", int(self.draining)),
-        )
-        for name, help_text, value in gauges:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
-        lines += self.metrics.fsync_seconds.render(
-            "streamlog_fsync_seconds", "duration of each segment fsync")
-        lines += self.metrics.append_seconds.render(
-            "streamlog_append_ack_seconds", "APPEND received to acknowledged (write + fsync)")
-        return "\n".join(lines) + "\n"
 
 
 async def _refuse(writer: asyncio.StreamWriter, code: ErrorCode, message: str) -> None:

@@ -45,8 +45,8 @@ from streamlog.wire import codes, columns, connection, messages
 from streamlog.wire.client import RemoteLog, open_remote, parse_url
 from streamlog.wire.operations import (JSON, OPERATIONS, PARTITION, STREAM, Operation,
                                        OperationTable, Reply)
-from streamlog.wire.server import (READ_CHUNK_BYTES, LogServer, Metrics, ServerConfig,
-                                   TimedFileIO)
+from streamlog.wire.metrics import Metrics, TimedFileIO
+from streamlog.wire.server import READ_CHUNK_BYTES, LogServer, ServerConfig
 
 pytestmark = pytest.mark.slow
 
