@@ -36,6 +36,8 @@ class LogAPI(Protocol):
     def append_columns_sync(self, stream: str, data, *, partition: int | None = None,
                             txn_id: int = 0) -> Any: ...
 
+    def producer(self, stream: str, **options) -> Any: ...
+
     # -- reads and positions ------------------------------------------------------------
     def reader(self, stream: str, partition: int = 0, *, from_offset=None,
                from_timestamp_us=None, to_offset=None, to_timestamp_us=None,

@@ -48,6 +48,7 @@ from . import validate
 from .appender import Pending, Piece
 from .errors import (BufferFull, InvalidAppend, InvalidArgument, LogClosed, ProducerTimeout,
                      ReadOnlyLog, StreamLogError)
+from .config import LogConfig
 from .log import Log, partition_for_key
 from .records import RecordPosition
 
@@ -168,6 +169,11 @@ class _Batch:
         """Called by appender.resolve_waiters once result or error is stored."""
         self.owner._finish(self)
 
+    def resolve(self, first_offset: int | None, error: BaseException | None) -> None:
+        """A daemon's client appended the batch (RemoteLog.send_batch), or failed to."""
+        self.result, self.error = first_offset, error
+        self.owner._finish(self)
+
     def watch(self, loop, item) -> bool:
         """Register a wake-up for when the batch resolves; False when it already has."""
         if self.done:  # a rejected record's batch has no owner, and is done
@@ -208,10 +214,13 @@ class Producer:
     def __init__(self, log, stream: str, *, linger_ms: float = 5.0, batch_records: int = 4096,
                  batch_bytes: int = 1 << 20, buffer_bytes: int = 32 << 20,
                  block_ms_max: float = 60_000.0, partitioner=None) -> None:
-        if not isinstance(log, Log):
-            raise InvalidArgument(f"a Producer writes to a local Log (open_log(path)), "
+        local = isinstance(log, Log)
+        if not local and not hasattr(log, "send_batch"):
+            raise InvalidArgument(f"a Producer writes to a log from open_log(), "
                                   f"not a {type(log).__name__}")
-        config = log.config
+        # A daemon's client checks records against the default limits (the daemon
+        # enforces its own) and stamps them with this machine's clock, as Kafka's does.
+        config = log.config if local else LogConfig()
         _check_options(config, linger_ms, batch_records, batch_bytes, buffer_bytes,
                        block_ms_max, partitioner)
         if log.readonly:
@@ -227,7 +236,8 @@ class Producer:
         self._last_index = batch_records - 1
         # the largest record: the log's limit, and what the buffer can ever hold
         self._size_max = min(config.record_bytes_max + _RECORD_OVERHEAD_BYTES, buffer_bytes)
-        self._wall_us = log.clock.wall_us
+        self._wall_us = log.clock.wall_us if local else _wall_us
+        self._remote = None if local else log.send_batch
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # senders waiting for buffer space
         self._wake = threading.Condition(self._lock)  # the background thread
@@ -489,6 +499,10 @@ class Producer:
     def _submit(self, batch: _Batch) -> None:
         """Queue a batch at its partition's appender (which blocks only while the log's
         in-flight window is full); a refusal fails the batch, never drops it."""
+        if self._remote is not None:
+            self._remote(self.stream, batch.partition, batch.timestamps_us, batch.keys,
+                         batch.values, batch.headers, batch.resolve)
+            return
         piece = Piece(batch.timestamps_us, batch.keys, batch.values, None, batch.headers,
                       batch.nbytes, 0)
         try:
@@ -610,6 +624,10 @@ def _check_options(config, linger_ms, batch_records, batch_bytes, buffer_bytes,
     integer("buffer_bytes", buffer_bytes, 1 << 62)
     if partitioner is not None and not callable(partitioner):
         raise InvalidArgument("partitioner must be a callable (key, partition_count) -> int")
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
 
 
 def _call_back(fn, handle) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import numbers
 import os
 import ssl
@@ -187,6 +188,36 @@ class RemoteLog(_TableMethods):
                             txn_id: int = 0) -> AppendResult:
         requests = self._prepare_columns(stream, data, partition, txn_id)
         return self._link.call(_append_all(self._link, requests))
+
+    def producer(self, stream: str, **options):
+        """A Producer of `stream` (producer.py) through the daemon: records sent one at a
+        time, sent as one APPEND per batch, several batches in flight."""
+        from ..producer import Producer
+        return Producer(self, stream, **options)
+
+    def send_batch(self, stream: str, partition: int, timestamps_us, keys, values, headers,
+                   done) -> None:
+        """The Producer's path: append one batch to `partition` without waiting; then
+        done(first offset, None) or done(None, error), on the link's I/O thread. Batches
+        sent from one thread are appended in the order they were sent."""
+        try:
+            requests = self._prepare(stream, values, keys, timestamps_us, partition, headers,
+                                     None, 0)
+            future = asyncio.run_coroutine_threadsafe(_append_all(self._link, requests),
+                                                      self._link.loop)
+        except BaseException as error:  # noqa: BLE001 - the batch's records get it
+            done(None, error)
+            return
+
+        def finished(future) -> None:
+            try:
+                result = future.result()
+            except BaseException as error:  # noqa: BLE001 - the batch's records get it
+                done(None, error)
+                return
+            done(result.ranges[partition][0], None)
+
+        future.add_done_callback(finished)
 
     def _prepare_columns(self, stream, data, partition, txn_id):
         self._check_append(stream, partition, txn_id)
@@ -488,11 +519,13 @@ class RemoteReader:
                 yield columns
 
     def records(self):
-        """Records from the start to the end (or forever, when following)."""
+        """Records from the start to the end (or forever, when following), chained in C
+        as Reader.records()."""
         from ..payload import columns_to_records
-        for columns in self._batches():
-            yield from columns_to_records(columns, self.partition, 0, len(columns),
-                                          self.data_only)
+        number, data_only = self.partition, self.data_only
+        return itertools.chain.from_iterable(
+            columns_to_records(columns, number, 0, len(columns), data_only)
+            for columns in self._batches())
 
     def arrow(self, *, include_headers: bool = False):
         """pyarrow.RecordBatch per log batch, as Reader.arrow()."""
