@@ -1,4 +1,4 @@
-"""Producer benchmark (issue 13): single records at group-commit speed, against batched
+"""Producer benchmark: single records at group-commit speed, against batched
 append measured in the same run.
 
 Command (from the repository root):

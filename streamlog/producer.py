@@ -1,4 +1,4 @@
-"""A producer: records sent one at a time, written in group-committed batches (issue 13).
+"""A producer: records sent one at a time, written in group-committed batches.
 
 Strategy: `send()` checks one record (the common case inline, the rest through
 validate.py, so the errors are append_sync's), picks its partition and adds it to that

@@ -1,4 +1,4 @@
-"""The Producer (streamlog/producer.py, issue 13): single records sent from plain threads
+"""The Producer (streamlog/producer.py): single records sent from plain threads
 and from asyncio, written in group-committed batches.
 
 What is checked, on real files: every handle resolves to a distinct offset and the log
