@@ -121,7 +121,7 @@ def test_an_older_file_gets_cpu_count_and_its_mtime_labelled(rendered):
     markdown, _ = rendered
     cells = row(markdown, 'spark: spark.read.format("streamlog")', "spark.read.parquet")
     assert cells[1:5] == ["800,000 rows/s", "spark.read.parquet, same rows: 1,000,000 rows/s",
-                          "0.80x", "MISS: read >= 90% of Parquet's rows/s"]
+                          "0.80x", "MISS: read >= 1.0x Parquet's rows/s"]
     assert cells[5] == "4 CPUs; machine not recorded"
     assert cells[7].endswith("UTC (file mtime)")
 
@@ -174,3 +174,27 @@ def test_write_results_records_the_machine_and_the_date(report, tmp_path, monkey
     loaded = report.load_results(tmp_path)["core"]
     assert loaded.machine == written["machine"]
     assert loaded.date == written["date"]  # from the file, not its mtime
+
+
+def test_the_readme_table_replaces_only_what_is_between_its_markers(report, rendered,
+                                                                    tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "spark.json").write_text(json.dumps(SPARK))
+    results = report.load_results(folder)
+    lines = [report.evaluate(pair, results.get(pair.bench)) for pair in report.PAIRS]
+    table = report.readme_table(lines, results)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# intro\n\n{report.README_BEGIN}\nold table\n{report.README_END}\n"
+                      "## after\n")
+    assert report.update_readme(readme, table)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# intro\n")
+    assert text.endswith(f"{report.README_END}\n## after\n")
+    assert "| spark: spark.read.format(\"streamlog\") | 800,000 rows/s |" in text
+    assert "MISS: read >= 1.0x Parquet's rows/s" in text
+    assert "`spark`: `" in text  # each run's command, under the table
+    plain = tmp_path / "OTHER.md"
+    plain.write_text("no markers here\n")
+    assert not report.update_readme(plain, table)
+    assert plain.read_text() == "no markers here\n"
