@@ -2,13 +2,9 @@
 
 Strategy: one `argparse` subcommand per verb; each command module has `add(subparsers)`,
 which registers it with its `run(args) -> exit code`, and is listed in `_commands()`.
-`main()` is the only place that turns exceptions into exit codes and one-line messages:
-
-    0    success
-    1    corruption found, or a data error (damaged files, a failed write)
-    2    usage errors and malformed input
-    3    cannot reach or authenticate to a daemon (with the daemon client)
-    130  interrupted (Ctrl-C);  141  the reader of stdout went away (`| head`)
+`main()` is the only place that turns exceptions into exit codes and one-line messages;
+the table of exit codes is the top-level help's epilog (_MAIN_EPILOG), the one place
+users and this code read it from.
 
 One module per command (append.py, read.py, info.py, dump.py, verify.py, repair.py;
 `serve` is streamlog/wire/serve_cli.py), what they share in common.py. `append` and
@@ -25,8 +21,8 @@ import logging
 import os
 import sys
 
-from ..errors import (CorruptionError, InvalidArgument, OffsetOutOfRange, ReadOnlyLog,
-                      StreamLogError, UnknownStream)
+from ..errors import (CorruptionError, InvalidArgument, LogLocked, OffsetOutOfRange,
+                      ReadOnlyLog, StreamLogError, UnknownStream)
 from .common import (EXIT_BROKEN_PIPE, EXIT_DAEMON, EXIT_DATA, EXIT_INTERRUPTED, EXIT_USAGE,
                      CliError, DataError, Parser, UsageError, format_timestamp,
                      parse_timestamp)
@@ -45,12 +41,28 @@ def _commands():
 
 
 _MAIN_EPILOG = """\
-exit codes:
+exit codes (every command):
   0    success
-  1    corruption found, or a data error
-  2    usage errors and malformed input
-  3    cannot reach or authenticate to a daemon
-  130  interrupted;  141  stdout was closed by its reader (e.g. `| head`)
+  1    corruption found, or a data error (damaged files, a failed write)
+  2    usage errors and malformed input: a bad option or stream name, a malformed
+       input line, an unknown stream, a LOG that is a file, not a log, or missing
+       (append creates it; read --follow waits for it), a log that another process
+       has open for writing when repair needs it alone
+  3    cannot reach or authenticate to a daemon (streamlog://HOST:PORT)
+  130  interrupted (Ctrl-C);  141  stdout was closed by its reader (e.g. `| head`)
+Errors are one line on stderr ("streamlog: error: ..."), never a traceback.
+
+environment:
+  STREAMLOG_TOKEN     the daemon's token, for a LOG that is streamlog://HOST:PORT
+  STREAMLOG_PROGRESS  progress bars go to stderr when it is a terminal; 0 turns them
+                      off, 1 shows them anywhere
+  STREAMLOG_DEBUG     1: an unexpected error (a bug) shows its traceback
+
+examples:
+  echo '{"value": "hello"}' | streamlog append data/log --stream events
+  streamlog read data/log --stream events --from-end --follow
+  streamlog verify data/log || streamlog repair data/log --dry-run
+  STREAMLOG_TOKEN=secret streamlog serve data/log
 
 Run 'streamlog COMMAND --help' for a command's options and examples.
 """
@@ -90,7 +102,8 @@ def _exit_code(error: BaseException) -> int:
         return EXIT_DAEMON
     if isinstance(error, CorruptionError):
         return EXIT_DATA
-    if isinstance(error, (InvalidArgument, UnknownStream, OffsetOutOfRange, ReadOnlyLog)):
+    if isinstance(error, (InvalidArgument, UnknownStream, OffsetOutOfRange, ReadOnlyLog,
+                          LogLocked)):
         return EXIT_USAGE
     if isinstance(error, (StreamLogError, OSError)):
         return EXIT_DATA
@@ -117,9 +130,19 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (StreamLogError, CliError, OSError, ValueError) as error:
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        sys.stderr.write(f"streamlog: error: {message}\n")
+        sys.stderr.write(f"streamlog: error: {_first_line(error)}\n")
         return _exit_code(error)
+    except Exception as error:  # noqa: BLE001 - a bug: still one line, unless asked
+        if os.environ.get("STREAMLOG_DEBUG", "").strip() == "1":
+            raise
+        sys.stderr.write(f"streamlog: error: unexpected {type(error).__name__}: "
+                         f"{_first_line(error)} (a bug; STREAMLOG_DEBUG=1 shows where)\n")
+        return EXIT_DATA
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 __all__ = ["main", "build_parser", "parse_timestamp", "format_timestamp", "parse_append_line",

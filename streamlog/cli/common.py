@@ -1,28 +1,35 @@
-"""What the `streamlog` commands share: exit codes, errors, text forms of timestamps and
-bytes, argument types, opening a log, and the progress display.
+"""What the `streamlog` commands share: exit codes, errors, text forms of timestamps,
+bytes and headers, argument types, checking and opening a log, and progress bars.
 
 Strategy: commands raise `UsageError` (exit 2) or `DataError` (exit 1) for what the user
 gave or what the files hold; `streamlog.cli.main` turns every exception into one line on
-stderr and an exit code. Nothing here writes to a log.
+stderr and an exit code. What the user gave is checked before anything is created or
+opened (a bad stream name never leaves an empty log behind). Nothing here writes to a
+log.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import datetime
 import json
 import os
 import re
 import sys
-import time
 
+from .. import layout
+from ..config import LogConfig
 from ..log import open_log
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_DAEMON = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
-DAEMON_SCHEME = "streamlog://"
-# Progress on a terminal: shown only for work that lasts, refreshed a few times a second.
+DAEMON_SCHEMES = ("streamlog://", "streamlog+tls://")
+# Progress bars (tqdm) on stderr: only when it is a terminal, only for work that lasts
+# PROGRESS_DELAY_S, refreshed every PROGRESS_EVERY_S. STREAMLOG_PROGRESS=0 turns them
+# off, =1 shows them whatever stderr is (and at once).
+PROGRESS_ENV = "STREAMLOG_PROGRESS"
 PROGRESS_DELAY_S = 1.0
 PROGRESS_EVERY_S = 0.25
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -44,7 +51,7 @@ class DataError(CliError):
     code = EXIT_DATA
 
 
-# -- timestamps and bytes as text ------------------------------------------------------
+# -- timestamps, bytes and headers as text ---------------------------------------------
 
 def parse_timestamp(text: str) -> int:
     """Integer microseconds since the epoch, or ISO-8601 (UTC when no zone is given).
@@ -91,6 +98,80 @@ def put_bytes(out: dict, name: str, data: bytes | None) -> None:
         out[name + "_b64"] = base64.b64encode(data).decode("ascii")
 
 
+def put_headers(out: dict, headers) -> None:
+    """A record's headers ((name, bytes) pairs) as the `_b64` rule of values has it, for
+    the whole object: out["headers"] = {name: text} when every value is valid UTF-8,
+    else out["headers_b64"] = {name: base64} with every value in base64. Nothing when
+    there are none. A name that occurs twice is kept twice (see _Pairs)."""
+    if not headers:
+        return
+    try:
+        out["headers"] = _Pairs((name, value.decode("utf-8")) for name, value in headers)
+    except UnicodeDecodeError:
+        out["headers_b64"] = _Pairs((name, base64.b64encode(value).decode("ascii"))
+                                    for name, value in headers)
+
+
+class _Pairs(dict):
+    """Header (name, text) pairs as a JSON object: json.dumps writes a dict subclass
+    from its items(), so the names keep their order and a repeated name is kept."""
+
+    def __init__(self, pairs) -> None:
+        self._pairs = list(pairs)
+        super().__init__(self._pairs)
+
+    def items(self):
+        return list(self._pairs)
+
+
+class ObjectPairs(dict):
+    """json.loads(..., object_pairs_hook=ObjectPairs): a dict that also keeps every
+    (name, value) pair in order, a repeated name included (for headers)."""
+
+    def __init__(self, pairs) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+
+
+def parse_headers(item: dict) -> list[tuple[str, bytes]] | None:
+    """The headers of an input line: `headers` {name: text} or `headers_b64`
+    {name: base64} (the forms `read` writes), as (name, bytes) pairs; None when absent
+    or null. A name given twice is kept twice when the line was parsed with
+    object_pairs_hook=ObjectPairs. Raises ValueError with a sentence."""
+    text, encoded = item.get("headers"), item.get("headers_b64")
+    if text is not None and encoded is not None:
+        raise ValueError("give headers or headers_b64, not both")
+    name, found = ("headers_b64", encoded) if encoded is not None else ("headers", text)
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise ValueError(f"{name} must be a JSON object of strings")
+    out = []
+    for key, value in getattr(found, "pairs", None) or found.items():
+        try:
+            too_long = len(key.encode("utf-8")) >= 1 << 16
+        except UnicodeEncodeError:
+            raise ValueError(f"header name {key!r} is not valid Unicode") from None
+        if too_long:
+            raise ValueError(f"header name {key[:40]!r}... is 64 KiB or longer")
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a JSON object of strings "
+                             f"(header {key!r} is not)")
+        if encoded is None:
+            try:
+                out.append((key, value.encode("utf-8")))
+            except UnicodeEncodeError:
+                raise ValueError(f"header {key!r} is not valid Unicode") from None
+            continue
+        try:
+            out.append((key, base64.b64decode(value, validate=True)))
+        except binascii.Error:
+            raise ValueError(f"header {key!r} of headers_b64 is not valid base64") from None
+    if len(out) >= 1 << 16:
+        raise ValueError(f"{len(out)} headers; at most 65535")
+    return out
+
+
 def json_line(item: dict) -> bytes:
     return json.dumps(item, ensure_ascii=False).encode("utf-8") + b"\n"
 
@@ -128,37 +209,94 @@ def timestamp_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def subparser(subparsers, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
+def stream_arg(text: str) -> str:
+    """--stream: checked before the log is opened (or created)."""
+    if not layout.valid_stream_name(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid stream name {text!r}: use letters, digits, '.', '_' and '-', "
+            f"at most 200 characters")
+    return text
+
+
+def partitions_arg(text: str) -> int:
+    value = positive_int(text)
+    limit = LogConfig().partitions_max
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"at most {limit} partitions, got {text!r}")
+    return value
+
+
+LOG_HELP_ANY = ("the log directory, or a daemon URL streamlog://HOST:PORT (token from "
+                "STREAMLOG_TOKEN)")
+LOG_HELP_LOCAL = ("the log directory (a local path: this command reads the segment files "
+                  "directly, so it does not take a daemon URL)")
+
+
+def subparser(subparsers, name: str, summary: str, epilog: str, *,
+              url: bool = True) -> argparse.ArgumentParser:
+    """A subcommand whose first argument is LOG; `url`: may LOG be a daemon URL?"""
     parser = subparsers.add_parser(name, help=summary, description=summary, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", metavar="LOG",
-                        help="the log directory, or a daemon URL streamlog://HOST:PORT "
-                             "(token from STREAMLOG_TOKEN)")
+    parser.add_argument("log", metavar="LOG", help=LOG_HELP_ANY if url else LOG_HELP_LOCAL)
     return parser
 
 
-# -- shared by the commands ------------------------------------------------------------
+# -- checking and opening a log --------------------------------------------------------
 
 def is_url(log: str) -> bool:
-    return log.startswith((DAEMON_SCHEME, "streamlog+tls://"))
+    return log.startswith(DAEMON_SCHEMES)
 
 
-def local_path(log: str, command: str = "this command") -> str:
+def local_path(log: str, command: str) -> str:
+    """LOG of a command that reads the files itself: a URL is a usage error."""
     if is_url(log):
-        raise UsageError(f"{command} reads segment files directly: run it on the daemon's "
-                         f"machine with the log directory")
+        raise UsageError(f"{command} reads the segment files directly, so it needs a local "
+                         f"log directory, not a daemon URL: run it on the daemon's machine")
     return log
 
 
+def refuse_non_directory(path: str) -> None:
+    """UsageError when `path` (or the nearest part of it that exists) is a file, so it
+    cannot be a log directory; nothing when it is a directory or could become one."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return
+        probe = parent
+    if os.path.isdir(probe):
+        return
+    if probe == os.path.abspath(path):
+        raise UsageError(f"{path} is a file, not a log directory")
+    raise UsageError(f"{path} cannot be a log directory: {probe} is a file")
+
+
+def foreign_directory(path: str) -> bool:
+    """Is `path` a directory that holds files but no log (never written into)?"""
+    return os.path.isdir(path) and not has_marker(path) and any(
+        name not in ("LOCK", "streamlog.json.tmp") for name in os.listdir(path))
+
+
 def existing_log(log: str) -> str:
+    """LOG of a command that needs the log to be there (a URL passes as it is)."""
     if is_url(log):
         return log
-    path = local_path(log)
-    if not os.path.isdir(path):
-        raise UsageError(f"no log at {path}")
-    if not has_marker(path):
-        raise UsageError(f"{path} is not a streamlog log (no streamlog.json)")
-    return path
+    refuse_non_directory(log)
+    if not os.path.isdir(log):
+        raise UsageError(f"no log at {log}")
+    if not has_marker(log):
+        raise UsageError(f"{log} is not a streamlog log (no streamlog.json)")
+    return log
+
+
+def writable_log(log: str) -> str:
+    """LOG of `append`: a log, a missing directory (created), or an empty one."""
+    if not is_url(log):
+        refuse_non_directory(log)
+        if foreign_directory(log):
+            raise UsageError(f"{log} is not empty and not a streamlog log; refusing to "
+                             f"write into it")
+    return log
 
 
 def has_marker(path: str) -> bool:
@@ -169,32 +307,58 @@ def open_readonly(path: str):
     return open_log(path, readonly=True, create=False)
 
 
-class Progress:
-    """A one-line progress display on stderr, only when stderr is a terminal and only
-    once the work has lasted PROGRESS_DELAY_S; erased by `finish`."""
+# -- progress --------------------------------------------------------------------------
 
-    def __init__(self, label: str, total: int, unit: str) -> None:
-        self.label, self.total, self.unit = label, total, unit
-        self.enabled = sys.stderr.isatty()
-        self.started = time.monotonic()
-        self.shown_at = 0.0
-        self.visible = False
-
-    def update(self, done: int) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self.started < PROGRESS_DELAY_S or now - self.shown_at < PROGRESS_EVERY_S:
-            return
-        share = f" ({100 * done // self.total}%)" if self.total > 0 else ""
-        sys.stderr.write(f"\r{self.label}: {done:,} of {self.total:,} {self.unit}{share}\x1b[K")
-        sys.stderr.flush()
-        self.shown_at, self.visible = now, True
-
-    def finish(self) -> None:
-        if self.visible:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.visible = False
+def progress_wanted(*, writes_stdout: bool = False) -> bool:
+    """Show a progress bar? When stderr is a terminal (and, for a command whose output
+    goes to stdout, that output is not on a terminal too, where the bar would mix with
+    it); STREAMLOG_PROGRESS=0 or 1 decides instead."""
+    forced = os.environ.get(PROGRESS_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        if not sys.stderr.isatty():
+            return False
+        return not (writes_stdout and sys.stdout.isatty())
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
 
 
+def progress_bar(label: str, total: int | None = None, *, unit: str = "records",
+                 in_bytes: bool = False, writes_stdout: bool = False, enabled: bool = True):
+    """A tqdm bar on stderr, disabled unless `enabled` and progress_wanted(); erased
+    when closed. Use as a context manager or close() it; `update(n)` adds n. `in_bytes`:
+    the unit is bytes, shown as KiB, MiB, ..."""
+    from tqdm import tqdm
+    shown = enabled and progress_wanted(writes_stdout=writes_stdout)
+    forced = os.environ.get(PROGRESS_ENV, "").strip() == "1"
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        size = None
+    # A terminal that reports no size (a bare pty) would make tqdm print nothing.
+    fixed = {} if size and size.columns and size.lines else {"ncols": 80, "nrows": 24}
+    return tqdm(total=total, desc=label, unit="B" if in_bytes else " " + unit,
+                unit_scale=True, unit_divisor=1024 if in_bytes else 1000,
+                file=sys.stderr, disable=not shown, leave=False, dynamic_ncols=not fixed,
+                delay=0 if forced else PROGRESS_DELAY_S,
+                mininterval=0 if forced else PROGRESS_EVERY_S, **fixed)
+
+
+def segment_bytes(directory: str) -> int:
+    """The bytes of a partition directory's segment files (a progress bar's total)."""
+    if not os.path.isdir(directory):
+        return 0
+    return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+               if layout.parse_segment_name(name) is not None)
+
+
+def plural(count: int, noun: str) -> str:
+    """The count and the noun: 1 partition, 2 partitions."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def advance_to(bar, done: int) -> None:
+    """Move a bar to `done` (for callbacks that report a running total)."""
+    if done > bar.n:
+        bar.update(done - bar.n)

@@ -4,23 +4,27 @@ verdict (check.py), without the index.
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 
 from ..check import (BadSpot, check_partition, open_segments, partition_dirs, payload_problem,
                      segment_events)
 from ..payload import columns_to_records, decode_columns
-from .common import (EXIT_OK, existing_log, json_line, local_path, nonnegative_int,
-                     put_bytes, subparser)
+from .common import (EXIT_OK, UsageError, advance_to, existing_log, json_line, local_path,
+                     nonnegative_int, progress_bar, put_bytes, put_headers, segment_bytes,
+                     stream_arg, subparser)
 
 _DUMP_EPILOG = """\
 Reads every segment file directly, without the index, and prints each batch frame:
 segment file, position, base and last offset, record count, min and max timestamp,
 codec, flags, transaction id, payload bytes and whether its checksums hold. A bad spot
 is printed with its position and reason, and the dump goes on at the next valid frame.
+With --records, each record's key, value and headers follow the rules of `read`
+(text, or key_b64 / value_b64 / headers_b64 when not valid UTF-8).
 After each partition, one line gives its verdict (as `verify` judges it).
-Works on a log whose writer was killed; never modifies a file.
+Works on a log whose writer was killed; never modifies a file. LOG is a local
+directory: dump reads the segment files directly, so on a daemon's log run it on the
+daemon's machine. When stdout is not a terminal, stderr shows the progress there.
 
 examples:
   streamlog dump data/log
@@ -28,10 +32,11 @@ examples:
   streamlog dump data/log --json | jq 'select(.checksum_ok == false)'
 """
 
+
 def add(subparsers) -> None:
     parser = subparser(subparsers, "dump", "print the frames of the segment files",
-                          _DUMP_EPILOG)
-    parser.add_argument("--stream", help="only this stream")
+                       _DUMP_EPILOG, url=False)
+    parser.add_argument("--stream", type=stream_arg, help="only this stream")
     parser.add_argument("--partition", type=nonnegative_int, metavar="P",
                         help="only this partition")
     parser.add_argument("--records", action="store_true", help="print every record too")
@@ -45,31 +50,45 @@ _CODECS = {0: "none", 1: "zstd"}
 def run(args) -> int:
     path = existing_log(local_path(args.log, "dump"))
     out = sys.stdout.buffer
-    for stream, number, directory in partition_dirs(path, args.stream, args.partition):
-        segments = open_segments(directory)
-        try:
-            for segment in segments:
-                if not args.json:
-                    out.write(f"segment {segment.path} stream {stream} partition {number} "
-                              f"base_offset {segment.base_offset} bytes "
-                              f"{segment.size_bytes}\n".encode())
-                for event in segment_events(segment):
-                    item = _dump_item(segment.path, stream, number, event, args.records)
-                    out.write(json_line(item) if args.json else _dump_text(item))
-        finally:
-            for segment in segments:
-                segment.close()
-        result = check_partition(stream, number, directory, check_payloads=False)
-        verdict = {"stream": stream, "partition": number, "verdict": result.verdict.value,
-                   "index": result.index.value}
-        if result.finding is not None:
-            verdict.update(segment=result.finding.path, position=result.finding.position,
-                           reason=result.finding.reason)
-        out.write(json_line({"kind": "verdict", **verdict}) if args.json else
-                  ("verdict " + " ".join(_text_pair(k, v) for k, v in verdict.items())
-                   + "\n").encode())
+    plan = list(partition_dirs(path, args.stream, args.partition))
+    if args.partition is not None and not plan:
+        raise UsageError(f"no partition {args.partition} in "
+                         f"{'stream ' + repr(args.stream) if args.stream else 'any stream'}")
+    total = sum(segment_bytes(directory) for _, _, directory in plan)
+    with progress_bar("dump", total, in_bytes=True, writes_stdout=True) as bar:
+        for stream, number, directory in plan:
+            segments = open_segments(directory)
+            try:
+                _dump_partition(out, args, stream, number, directory, segments, bar)
+            finally:
+                for segment in segments:
+                    segment.close()
     out.flush()
     return EXIT_OK
+
+
+def _dump_partition(out, args, stream: str, number: int, directory: str, segments,
+                    bar) -> None:
+    for segment in segments:
+        if not args.json:
+            out.write(f"segment {segment.path} stream {stream} partition {number} "
+                      f"base_offset {segment.base_offset} bytes "
+                      f"{segment.size_bytes}\n".encode())
+        done = bar.n
+        for event in segment_events(segment):
+            item = _dump_item(segment.path, stream, number, event, args.records)
+            out.write(json_line(item) if args.json else _dump_text(item))
+            advance_to(bar, done + event.position)
+        advance_to(bar, done + segment.size_bytes)
+    result = check_partition(stream, number, directory, check_payloads=False)
+    verdict = {"stream": stream, "partition": number, "verdict": result.verdict.value,
+               "index": result.index.value}
+    if result.finding is not None:
+        verdict.update(segment=result.finding.path, position=result.finding.position,
+                       reason=result.finding.reason)
+    out.write(json_line({"kind": "verdict", **verdict}) if args.json else
+              ("verdict " + " ".join(_text_pair(k, v) for k, v in verdict.items())
+               + "\n").encode())
 
 
 def _dump_item(path: str, stream: str, number: int, event, with_records: bool) -> dict:
@@ -100,9 +119,7 @@ def _dump_record(record) -> dict:
             "kind": record.kind.name.lower()}
     put_bytes(item, "key", record.key)
     put_bytes(item, "value", record.value)
-    if record.headers:
-        item["headers"] = {name: base64.b64encode(value).decode("ascii")
-                           for name, value in record.headers}
+    put_headers(item, record.headers)
     if record.txn_id:
         item["txn_id"] = record.txn_id
     return item
@@ -117,8 +134,8 @@ def _dump_text(item: dict) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-_QUOTED = frozenset({"key", "value", "key_b64", "value_b64", "headers", "error", "reason",
-                     "segment"})
+_QUOTED = frozenset({"key", "value", "key_b64", "value_b64", "headers", "headers_b64",
+                     "error", "reason", "segment"})
 
 
 def _text_pair(name: str, value) -> str:

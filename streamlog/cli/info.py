@@ -24,16 +24,19 @@ as ISO-8601 and microseconds), segments, bytes, and two verdicts:
             bytes before the tail
 Below the table: the durable holds (Log.hold; an operator's runtime holds the input it
 would need to recover), each keeping its offset and what follows from retention.
-The log is opened read-only and no file is modified.
+The log is opened read-only and no file is modified. LOG may be a daemon URL: the
+daemon describes its log.
 
 examples:
   streamlog info data/log
   streamlog info data/log --json | jq '.streams.events.partitions[0].end_offset'
+  STREAMLOG_TOKEN=secret streamlog info streamlog://127.0.0.1:7541
 """
+
 
 def add(subparsers) -> None:
     parser = subparser(subparsers, "info", "show the streams and partitions of a log",
-                          _INFO_EPILOG)
+                       _INFO_EPILOG)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     parser.set_defaults(run=run)
 

@@ -3,54 +3,75 @@
 Strategy: the log is opened read-only; per partition a cursor resolves its bounds (a
 timestamp by the high-water-mark rule) and the records in range are written in large
 chunks. Every record before a damaged frame is written and flushed before the error
-(segment and position) is reported. `--follow` refreshes the read-only view every
-FOLLOW_INTERVAL_S to take in what the writer (another process) appended.
+(segment and position) is reported. `--follow` on a local log refreshes the read-only
+view every FOLLOW_INTERVAL_S to take in what the writer (another process) appended; on
+a daemon URL it opens one following reader per partition and writes what the daemon
+pushes as it is acknowledged (no polling). A missing log or stream is waited for when
+following (checked every WAIT_INTERVAL_S), an error otherwise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sys
 import time
 
-from ..errors import CorruptionError
-from .common import (EXIT_OK, Progress, UsageError, existing_log, json_line,
-                     nonnegative_int, open_readonly, put_bytes,
-                     subparser, timestamp_arg)
-# read --follow: how often the view is refreshed to see another process's appends.
+from ..errors import CorruptionError, UnknownStream
+from .common import (EXIT_OK, UsageError, existing_log, foreign_directory, has_marker,
+                     is_url, json_line, nonnegative_int, open_readonly, positive_int,
+                     progress_bar, put_bytes, put_headers, refuse_non_directory,
+                     stream_arg, subparser, timestamp_arg)
+
+# read --follow (local log): how often the view is refreshed to see another process's
+# appends; a missing log or stream is looked for this often too.
 FOLLOW_INTERVAL_S = 0.2
+WAIT_INTERVAL_S = 0.25
+# read: lines written to stdout at once; a remote follower lets other partitions' records
+# (and the flush) through every this many records.
+WRITE_CHUNK_LINES = 1024
 
 
 _READ_EPILOG = """\
 Writes one JSON line per record:
-  {"stream", "partition", "offset", "timestamp", "key", "value"}
+  {"stream", "partition", "offset", "timestamp", "key", "value"[, "headers"]}
 timestamp is integer microseconds; key is null when absent; key and value are strings
-when they are valid UTF-8, else key_b64 / value_b64 (base64) take their place.
+when they are valid UTF-8, else key_b64 / value_b64 (base64) take their place. A record
+with headers has "headers": {"name": "value", ...} (names in order, a repeated name kept);
+when one of its values is not valid UTF-8, "headers_b64" takes its place with every
+value in base64. (This is what `streamlog append` takes.)
 Without --partition every partition is read, each in offset order, one after another.
 
 T is integer microseconds since the epoch or ISO-8601 (UTC when no zone is given).
 --from-* is inclusive and --to-* exclusive. Timestamp bounds follow the high-water mark
 (the running maximum timestamp): --from-timestamp T starts at the first record whose
 high-water mark is >= T, and --to-timestamp T stops before it, so a late record with an
-old timestamp is kept in order, not skipped.
+old timestamp is kept in order, not skipped. --from-offset past the end prints nothing
+(with --follow: the records from that offset on, once they are appended); before the
+start (removed by retention) it is an error.
 
---follow keeps reading as records are appended, until --to-* is reached or the command
-is interrupted. The log is opened read-only, so records that another process appends
-are seen by re-opening the directory every 200 ms and continuing from the next offset;
-a frame that the writer is still writing is shown once it is whole (that is, once it is
-in the segment file, which can be just before the writer's fsync acknowledges it).
+--follow keeps reading as records are appended, until --to-* or --max-messages is
+reached or the command is interrupted; a log or stream that does not exist yet is
+waited for. --from-end starts at the end, so only records appended from now on are
+written (without --follow: none); a stream created after the command started is read
+from its start. On a local log, the records that another process appends are seen by
+refreshing the read-only view every 200 ms; a frame is shown once it is whole in the
+segment file. On a daemon URL, the daemon pushes each record as it is acknowledged.
+--max-messages N stops after N records (exit 0).
 
 examples:
   streamlog read data/log --stream events --partition 0 --from-offset 100 --to-offset 200
   streamlog read data/log --stream events --from-timestamp 2024-05-01T00:00:00
   streamlog read data/log --stream events --follow | jq .value
+  streamlog read data/log --stream events --from-end --follow --max-messages 10
+  STREAMLOG_TOKEN=secret streamlog read streamlog://127.0.0.1:7541 --stream events --follow
 """
 
 
 def add(subparsers) -> None:
     parser = subparser(subparsers, "read", "write records of a stream as JSON lines",
-                        _READ_EPILOG)
-    parser.add_argument("--stream", required=True, help="stream name")
+                       _READ_EPILOG)
+    parser.add_argument("--stream", required=True, type=stream_arg, help="stream name")
     parser.add_argument("--partition", type=nonnegative_int, metavar="P",
                         help="read only this partition (default: all)")
     start = parser.add_mutually_exclusive_group()
@@ -58,16 +79,18 @@ def add(subparsers) -> None:
                        help="first offset to read (inclusive)")
     start.add_argument("--from-timestamp", type=timestamp_arg, metavar="T",
                        help="start at the first record whose high-water mark is >= T")
+    start.add_argument("--from-end", action="store_true",
+                       help="start at the end: only records appended from now on")
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--to-offset", type=nonnegative_int, metavar="O",
                       help="stop before this offset (exclusive)")
     stop.add_argument("--to-timestamp", type=timestamp_arg, metavar="T",
                       help="stop before the first record whose high-water mark is >= T")
+    parser.add_argument("--max-messages", type=positive_int, metavar="N",
+                        help="stop after N records")
     parser.add_argument("--follow", action="store_true",
                         help="keep reading records as they are appended")
     parser.set_defaults(run=run)
-
-
 
 
 # -- read ------------------------------------------------------------------------------
@@ -76,25 +99,57 @@ def add(subparsers) -> None:
 class _Cursor:
     """Where the read of one partition stands. `next_offset` None: the start is not
     known yet (no record has reached --from-timestamp); `stop_offset` None: the end
-    bound is not reached yet (or there is none)."""
+    bound is not reached yet (or there is none). Records below `skip_below` are not
+    written (a --from-offset that was past the end)."""
 
     partition: int
     next_offset: int | None = None
     stop_offset: int | None = None
     finished: bool = False
+    skip_below: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Read:
+    """One run of the command: its arguments and what is left to write."""
+
+    args: object
+    new_stream: bool = False  # created after the command started (--from-end: its start)
+    left: int | None = None  # --max-messages still to write
+
+    @property
+    def stream(self) -> str:
+        return self.args.stream
+
+    def take(self, count: int) -> int:
+        """How many of `count` records may still be written; counts them as written."""
+        if self.left is None:
+            return count
+        count = min(count, self.left)
+        self.left -= count
+        return count
+
+    @property
+    def satisfied(self) -> bool:
+        return self.left == 0
 
 
 def run(args) -> int:
-    path = existing_log(args.log)
+    path = _log_when_there(args)
     log = open_readonly(path)
     try:
-        partitions = _partitions_to_read(log, args)
-        cursors = [_Cursor(p) for p in partitions]
+        read = _Read(args, left=args.max_messages)
+        cursors = [_Cursor(p) for p in _partitions_when_there(log, read)]
+        if args.follow and is_url(path):
+            _follow_remote(log, read, cursors)
+            return EXIT_OK
         out = sys.stdout.buffer
+        first = True
         while True:
-            _read_pass(log, args, cursors, out)
+            _read_pass(log, read, cursors, out, show_progress=first)
             out.flush()
-            if not args.follow or all(c.finished for c in cursors):
+            first = False
+            if not args.follow or read.satisfied or all(c.finished for c in cursors):
                 return EXIT_OK
             time.sleep(FOLLOW_INTERVAL_S)
             log.refresh()  # take in what the writer added (no reopen)
@@ -102,8 +157,34 @@ def run(args) -> int:
         log.close()
 
 
-def _partitions_to_read(log, args) -> list[int]:
-    count = log.partition_count(args.stream)
+def _log_when_there(args) -> str:
+    """LOG, checked; with --follow, a log that does not exist yet is waited for."""
+    path = args.log
+    if is_url(path) or not args.follow:
+        return existing_log(path)
+    while True:
+        refuse_non_directory(path)
+        if has_marker(path):
+            return path
+        if foreign_directory(path):
+            return existing_log(path)  # says it is not a log
+        time.sleep(WAIT_INTERVAL_S)
+
+
+def _partitions_when_there(log, read: _Read) -> list[int]:
+    """The partitions to read; with --follow, a stream that does not exist yet is
+    waited for."""
+    args = read.args
+    while True:
+        try:
+            count = log.partition_count(args.stream)
+            break
+        except UnknownStream:
+            if not args.follow:
+                raise
+        read.new_stream = True
+        time.sleep(WAIT_INTERVAL_S)
+        log.refresh()
     if args.partition is None:
         return list(range(count))
     if args.partition >= count:
@@ -112,44 +193,54 @@ def _partitions_to_read(log, args) -> list[int]:
     return [args.partition]
 
 
-def _read_pass(log, args, cursors: list[_Cursor], out) -> None:
+def _read_pass(log, read: _Read, cursors: list[_Cursor], out, *,
+               show_progress: bool) -> None:
     """Write every record that is in the log now and within the bounds."""
     limits = {}
     for cursor in cursors:
         if not cursor.finished:
-            end = log.end_offset(args.stream, cursor.partition)
-            _resolve_bounds(log, args, cursor, end)
+            end = log.end_offset(read.stream, cursor.partition)
+            _resolve_bounds(log, read, cursor, end)
             limits[cursor.partition] = end if cursor.stop_offset is None else min(
                 end, cursor.stop_offset)
     total = sum(max(limits[c.partition] - c.next_offset, 0) for c in cursors
                 if c.partition in limits and c.next_offset is not None)
-    progress = Progress(f"read {args.stream}", total, "records")
-    done = 0
-    try:
+    if read.left is not None:
+        total = min(total, read.left)
+    with progress_bar(f"read {read.stream}", total, writes_stdout=True,
+                      enabled=show_progress) as bar:
         for cursor in cursors:
             limit = limits.get(cursor.partition)
-            if limit is not None and cursor.next_offset is not None:
-                done = _read_partition(log, args.stream, cursor, limit, out, progress, done)
+            if limit is not None and cursor.next_offset is not None and not read.satisfied:
+                _read_partition(log, read, cursor, limit, out, bar)
             if cursor.stop_offset is not None and cursor.next_offset is not None and (
                     cursor.next_offset >= cursor.stop_offset):
                 cursor.finished = True
-    finally:
-        progress.finish()
 
 
-def _resolve_bounds(log, args, cursor: _Cursor, end: int) -> None:
-    stream, partition = args.stream, cursor.partition
+def _start_offset(log, read: _Read, partition: int, end: int) -> tuple[int | None, int]:
+    """(first offset to read or None when --from-timestamp is not reached yet, offsets
+    below which nothing is written)."""
+    args, stream = read.args, read.stream
+    if args.from_timestamp is not None:
+        start = log.offset_for_timestamp(stream, partition, args.from_timestamp)
+        return (start if start < end else None), 0
+    if args.from_end and not read.new_stream:
+        return end, 0
+    first = log.start_offset(stream, partition)
+    if args.from_offset is None:
+        return first, 0
+    if args.from_offset < first:
+        raise UsageError(f"--from-offset {args.from_offset} is before the start of "
+                         f"{stream}/{partition} ({first}): retention removed the offsets "
+                         f"before it")
+    return min(args.from_offset, end), args.from_offset
+
+
+def _resolve_bounds(log, read: _Read, cursor: _Cursor, end: int) -> None:
+    args, stream, partition = read.args, read.stream, cursor.partition
     if cursor.next_offset is None:
-        if args.from_timestamp is not None:
-            start = log.offset_for_timestamp(stream, partition, args.from_timestamp)
-            cursor.next_offset = start if start < end else None
-        elif args.from_offset is not None:
-            if args.from_offset > end and args.partition is not None and not args.follow:
-                raise UsageError(f"--from-offset {args.from_offset} is past the end of "
-                                 f"{stream}/{partition} ({end})")
-            cursor.next_offset = args.from_offset
-        else:
-            cursor.next_offset = log.start_offset(stream, partition)
+        cursor.next_offset, cursor.skip_below = _start_offset(log, read, partition, end)
     if cursor.stop_offset is None:
         if args.to_offset is not None:
             cursor.stop_offset = args.to_offset
@@ -163,41 +254,129 @@ def _resolve_bounds(log, args, cursor: _Cursor, end: int) -> None:
             cursor.stop_offset = stop if stop < end else None
 
 
-def _read_partition(log, stream: str, cursor: _Cursor, limit: int, out, progress,
-                    done: int) -> int:
-    """Write records [cursor.next_offset, limit) of one partition; returns `done` plus
-    the offsets covered, for the progress display."""
+def record_line(stream: str, record) -> bytes:
+    item = {"stream": stream, "partition": record.partition, "offset": record.offset,
+            "timestamp": record.timestamp_us}
+    put_bytes(item, "key", record.key)
+    put_bytes(item, "value", record.value)
+    put_headers(item, record.headers)
+    return json_line(item)
+
+
+def _read_partition(log, read: _Read, cursor: _Cursor, limit: int, out, bar) -> None:
+    """Write records [cursor.next_offset, limit) of one partition (those at or past
+    skip_below), as many as --max-messages leaves."""
     start = cursor.next_offset
     if start >= limit:
-        return done
+        return
     lines = []
     try:
-        with log.reader(stream, cursor.partition, from_offset=start,
+        with log.reader(read.stream, cursor.partition, from_offset=start,
                         to_offset=limit) as reader:
             for record in reader.records():
-                item = {"stream": stream, "partition": record.partition,
-                        "offset": record.offset, "timestamp": record.timestamp_us}
-                put_bytes(item, "key", record.key)
-                put_bytes(item, "value", record.value)
-                lines.append(json_line(item))
-                if len(lines) >= 1024:
-                    out.write(b"".join(lines))
-                    lines.clear()
-                    progress.update(done + record.offset - start)
+                if record.offset < cursor.skip_below:
+                    continue
+                lines.append(record_line(read.stream, record))
+                if len(lines) >= WRITE_CHUNK_LINES or len(lines) == read.left:
+                    _write(out, lines, read, bar)
+                    if read.satisfied:
+                        cursor.next_offset = record.offset + 1
+                        return
     except CorruptionError:
-        _flush_before_error(out, lines)
+        _write(out, lines, read, bar)
+        out.flush()  # every record before the damage, then main() prints the error
         raise
-    out.write(b"".join(lines))
+    _write(out, lines, read, bar)
     cursor.next_offset = limit
-    return done + limit - start
 
 
-def _flush_before_error(out, lines: list[bytes]) -> None:
-    """The reader raised at a damaged frame (DESIGN 4: it delivers every record before
-    it, then raises naming segment and position): write and flush those records before
-    main() prints the one-line error, so stdout has all of them and stderr comes last."""
-    out.write(b"".join(lines))
+def _write(out, lines: list[bytes], read: _Read, bar) -> None:
+    """Write the pending lines (as many as --max-messages leaves)."""
+    count = read.take(len(lines))
+    out.write(b"".join(lines[:count]))
+    bar.update(count)
     lines.clear()
+
+
+# -- read --follow on a daemon ---------------------------------------------------------
+
+class _Enough(Exception):
+    """--max-messages reached."""
+
+
+def _follow_remote(log, read: _Read, cursors: list[_Cursor]) -> None:
+    """One following reader per partition (the daemon pushes each acknowledged record);
+    their records are written as they come, flushed whenever none is waiting."""
+    readers = []
+    try:
+        for cursor in cursors:
+            end = log.end_offset(read.stream, cursor.partition)
+            _resolve_bounds(log, read, cursor, end)
+            options = _remote_bounds(read.args, cursor)
+            if options is not None:
+                readers.append((cursor, log.reader(read.stream, cursor.partition,
+                                                   follow=True, **options)))
+        if readers:
+            asyncio.run(_pump_all(read, readers, sys.stdout.buffer))
+    finally:
+        for _, reader in readers:
+            reader.close()
+        sys.stdout.buffer.flush()
+
+
+def _remote_bounds(args, cursor: _Cursor) -> dict | None:
+    """The reader options of a cursor resolved by _resolve_bounds; None when there is
+    nothing to read (the stop is at or before the start)."""
+    options = {}
+    if cursor.next_offset is not None:
+        options["from_offset"] = cursor.next_offset
+    else:  # not reached yet: the daemon's reader waits for the high-water mark
+        options["from_timestamp_us"] = args.from_timestamp
+    if args.to_offset is not None:
+        if cursor.next_offset is not None and args.to_offset <= cursor.next_offset:
+            return None
+        options["to_offset"] = args.to_offset
+    elif args.to_timestamp is not None:
+        options["to_timestamp_us"] = args.to_timestamp
+    return options
+
+
+async def _pump_all(read: _Read, readers, out) -> None:
+    loop = asyncio.get_running_loop()
+    flush_pending = False
+
+    def flush() -> None:
+        nonlocal flush_pending
+        flush_pending = False
+        out.flush()
+
+    async def pump(cursor: _Cursor, reader) -> None:
+        nonlocal flush_pending
+        written = 0
+        async for record in reader.arecords():
+            if record.offset < cursor.skip_below:
+                continue
+            if not read.take(1):
+                raise _Enough
+            out.write(record_line(read.stream, record))
+            if not flush_pending:  # runs once every pump waits for the daemon
+                flush_pending = True
+                loop.call_soon(flush)
+            if read.satisfied:
+                raise _Enough
+            written += 1
+            if written % WRITE_CHUNK_LINES == 0:
+                await asyncio.sleep(0)  # let the other partitions (and the flush) in
+
+    tasks = [asyncio.create_task(pump(cursor, reader)) for cursor, reader in readers]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     out.flush()
-
-
+    for task in done:
+        error = task.exception()
+        if error is not None and not isinstance(error, _Enough):
+            raise error

@@ -7,13 +7,12 @@ whole-file checksum), showing progress; the findings go to stderr, a summary to 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from .. import layout
 from ..check import check_partition, partition_dirs, record_verification
 from ..fileio import OsFileIO
-from .common import (EXIT_DATA, EXIT_OK, Progress, existing_log, local_path, subparser)
+from .common import (EXIT_DATA, EXIT_OK, advance_to, existing_log, local_path, plural,
+                     progress_bar, segment_bytes, subparser)
 
 _VERIFY_EPILOG = """\
 Checks every byte of every partition: each frame's checksums, that each frame continues
@@ -27,7 +26,9 @@ The verdict per partition is the one an open would reach for the same bytes:
 An index that disagrees with the segments is reported (the next open rebuilds it).
 Never modifies a file, unless --record asks it to keep its result for `streamlog info`
 (scrub.json in each partition, as the daemon's scrubber does). A summary line goes to
-stdout at the end.
+stdout at the end; on a terminal, stderr shows the progress (bytes checked).
+LOG is a local directory: verify reads the segment files directly, so on a daemon's
+log run it on the daemon's machine (the daemon's scrubber checks sealed segments too).
 
 examples:
   streamlog verify data/log
@@ -36,9 +37,10 @@ examples:
   streamlog verify data/log --json | jq '.findings'
 """
 
+
 def add(subparsers) -> None:
     parser = subparser(subparsers, "verify", "check every byte of every partition",
-                          _VERIFY_EPILOG)
+                       _VERIFY_EPILOG, url=False)
     parser.add_argument("--strict", action="store_true",
                         help="a torn or stale tail is an error too (exit 1)")
     parser.add_argument("--json", action="store_true", help="a JSON summary instead of text")
@@ -70,9 +72,11 @@ def run(args) -> int:
         sys.stdout.write(json.dumps(summary) + "\n")
     else:
         sys.stdout.write(
-            f"verified {len(results)} partitions, {totals['segments']} segments, "
-            f"{totals['records']} records ({totals['frames']} frames decoded), "
-            f"{totals['bytes_walked'] + totals['bytes_sealed']} bytes "
+            f"verified {plural(len(results), 'partition')}, "
+            f"{plural(totals['segments'], 'segment')}, "
+            f"{plural(totals['records'], 'record')} "
+            f"({plural(totals['frames'], 'frame')} decoded), "
+            f"{plural(totals['bytes_walked'] + totals['bytes_sealed'], 'byte')} "
             f"({totals['bytes_sealed']} by whole-segment checksums): {damaged} corrupt, "
             f"{torn} torn: {verdict}\n")
     return EXIT_DATA if damaged or (torn and args.strict) else EXIT_OK
@@ -89,26 +93,15 @@ def print_problems(result) -> None:
         sys.stderr.write(f"streamlog: {finding.message()}\n")
 
 
-
-
-def _size_of(directory: str) -> int:
-    if not os.path.isdir(directory):
-        return 0
-    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
-               if layout.parse_segment_name(n) is not None)
-
-
 def check_all(path: str, label: str):
-    """check_partition for every partition of the log at `path`, with progress."""
+    """check_partition for every partition of the log at `path`, with a progress bar."""
     plan = list(partition_dirs(path))
-    progress = Progress(label, sum(_size_of(d) for _, _, d in plan), "bytes")
     results, done = [], 0
-    try:
+    with progress_bar(label, sum(segment_bytes(d) for _, _, d in plan), in_bytes=True) as bar:
         for stream, number, directory in plan:
             result = check_partition(stream, number, directory,
-                                     progress=lambda n, base=done: progress.update(base + n))
+                                     progress=lambda n, base=done: advance_to(bar, base + n))
             done += result.bytes_walked + result.bytes_sealed
+            advance_to(bar, done)
             results.append(result)
-    finally:
-        progress.finish()
     return results
