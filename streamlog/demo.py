@@ -19,6 +19,7 @@ import sys
 import time
 
 import streamlog
+from streamlog.cli.common import progress_bar
 
 EPOCH_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 PAGES = ["/", "/search", "/product", "/cart", "/checkout", "/help"]
@@ -42,36 +43,13 @@ def make_events(count: int, seed: int, start_us: int = EPOCH_US):
     return keys, values, timestamps
 
 
-class Progress:
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.started = label, total, time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self._last = 0.0
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if done < self.total and now - self._last < 0.2:
-            return
-        self._last = now
-        width = 30
-        filled = int(width * done / max(self.total, 1))
-        rate = done / max(now - self.started, 1e-9)
-        line = (f"{self.label:<10} [{'#' * filled}{'.' * (width - filled)}] "
-                f"{done:>9,}/{self.total:,} {rate:>12,.0f} rec/s")
-        if self.tty:
-            print("\r" + line, end="" if done < self.total else "\n", file=sys.stderr,
-                  flush=True)
-        elif done >= self.total:
-            print(line, file=sys.stderr, flush=True)
-
-
 async def append_phase(log, stream: str, keys, values, timestamps, batch: int) -> float:
-    progress = Progress("append", len(values))
     started = time.perf_counter()
-    for at in range(0, len(values), batch):
-        await log.append_batch(stream, values[at:at + batch], keys=keys[at:at + batch],
-                               timestamps_us=timestamps[at:at + batch])
-        progress.update(min(at + batch, len(values)))
+    with progress_bar("append", len(values)) as bar:
+        for at in range(0, len(values), batch):
+            await log.append_batch(stream, values[at:at + batch], keys=keys[at:at + batch],
+                                   timestamps_us=timestamps[at:at + batch])
+            bar.update(len(values[at:at + batch]))
     return time.perf_counter() - started
 
 

@@ -258,8 +258,7 @@ class Log:
             if name in self._streams:
                 existing = len(self._streams[name])
                 if existing != partitions:
-                    raise InvalidArgument(f"stream {name!r} has {existing} partitions, "
-                                          f"not {partitions}")
+                    raise _partitions_differ(name, existing, partitions)
                 return existing
             if self.readonly:
                 raise ReadOnlyLog("the log was opened read-only")
@@ -278,8 +277,7 @@ class Log:
                 self.fileio.close(guard)
             existing = len(self._streams[name])
             if existing != partitions:
-                raise InvalidArgument(f"stream {name!r} has {existing} partitions, "
-                                      f"not {partitions}")
+                raise _partitions_differ(name, existing, partitions)
             return partitions
 
     def _find_stream(self, name: str) -> bool:
@@ -800,6 +798,11 @@ def partition_for_key(key: bytes, count: int) -> int:
 def _clamp(timestamp_us) -> int:
     """Query timestamps outside int64 mean 'before everything' or 'after everything'."""
     return min(max(int(timestamp_us), _INT64_MIN + 1), _INT64_MAX)
+
+
+def _partitions_differ(name: str, existing: int, asked: int) -> InvalidArgument:
+    noun = "partition" if existing == 1 else "partitions"
+    return InvalidArgument(f"stream {name!r} has {existing} {noun}, not {asked}")
 
 
 def _check_txn_id(txn_id) -> None:

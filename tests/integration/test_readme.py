@@ -315,7 +315,7 @@ def test_the_command_line_synopsis_names_real_options():
     commands: dict[str, set[str]] = {}
     for name, rest in re.findall(r"streamlog (\w+)((?:(?!streamlog ).)*)", block.text):
         commands.setdefault(name, set()).update(re.findall(r"--[a-z]+(?:-[a-z]+)*", rest))
-    assert set(commands) == {"append", "read", "info", "dump", "verify", "repair"}
+    assert set(commands) == {"append", "read", "info", "dump", "verify", "repair", "serve"}
     for name, options in commands.items():
         done = subprocess.run([sys.executable, "-m", "streamlog.cli", name, "--help"],
                               env=ENV, capture_output=True, text=True, timeout=60)
