@@ -162,19 +162,30 @@ def _log_when_there(args) -> str:
     path = args.log
     if is_url(path) or not args.follow:
         return existing_log(path)
+    said = False
     while True:
         refuse_non_directory(path)
         if has_marker(path):
             return path
         if foreign_directory(path):
             return existing_log(path)  # says it is not a log
+        said = said or _waiting(f"the log {path}")
         time.sleep(WAIT_INTERVAL_S)
+
+
+def _waiting(what: str) -> bool:
+    """Say once, on stderr, what --follow waits for (as Kafka's console consumer warns
+    of a topic that is not there yet); True."""
+    print(f"streamlog: waiting for {what} to be created (--follow)", file=sys.stderr,
+          flush=True)
+    return True
 
 
 def _partitions_when_there(log, read: _Read) -> list[int]:
     """The partitions to read; with --follow, a stream that does not exist yet is
     waited for."""
     args = read.args
+    said = False
     while True:
         try:
             count = log.partition_count(args.stream)
@@ -183,6 +194,7 @@ def _partitions_when_there(log, read: _Read) -> list[int]:
             if not args.follow:
                 raise
         read.new_stream = True
+        said = said or _waiting(f"the stream {args.stream!r}")
         time.sleep(WAIT_INTERVAL_S)
         log.refresh()
     if args.partition is None:

@@ -1,7 +1,8 @@
 """One side of one daemon connection, sans I/O: bytes in, messages out, and the rules.
 
 Strategy (h11's): nothing here touches a socket, a file or an event loop. A `Connection`
-buffers the bytes its owner received (`receive_data`), hands back one message at a time
+buffers the bytes its owner received (`receive_data`, or straight from the socket with
+`get_buffer` / `buffer_updated`, stream.py), hands back one message at a time
 (`next_event`, or the sentinels `NEED_DATA` / `CLOSED`), and turns a message to send into
 bytes (`send`). session.py / server.py and link.py are the thin shells that move those
 bytes; messages.py says what the bytes are.
@@ -23,15 +24,21 @@ side may send any message of its own role but the handshake's.
 
 from __future__ import annotations
 
+import struct
+
 from .codes import ErrorCode, LocalProtocolError, RemoteProtocolError
 from .messages import (FRAME_BYTES_MAX, FRAME_BYTES_MIN, HEADER, HELLO_BYTES_MAX, Error, Hello,
                        HelloOk, Message, Role, decode_message, encode_message_parts)
 from .operations import OPERATIONS
 
-# Unparsed bytes wait in a scratch buffer of this size; a frame of LARGE_FRAME_BYTES or
-# more (a BATCH or APPEND of records) is received into a buffer of its own instead.
-SCRATCH_BYTES = 256 * 1024
-LARGE_FRAME_BYTES = 64 * 1024
+# Unparsed bytes wait in a scratch buffer of this size (received into it by the kernel);
+# a frame of VIEW_FRAME_BYTES or more found whole there (an APPEND or BATCH of records)
+# is handed on as a view of it, not copied; one of LARGE_FRAME_BYTES or more not yet
+# whole is received into a buffer of its own size instead.
+SCRATCH_BYTES = 1024 * 1024
+_LENGTH = struct.Struct(">I")  # a frame's first field (messages.HEADER)
+VIEW_FRAME_BYTES = 64 * 1024
+LARGE_FRAME_BYTES = 512 * 1024
 
 
 class _Sentinel(type):
@@ -164,6 +171,21 @@ class Connection:
         else:
             self._end += nbytes
 
+    def has_event(self) -> bool:
+        """Would next_event() give something other than NEED_DATA? (A whole frame, a
+        frame over the limit, or the end.) Cheap: for a shell deciding whether to wake
+        its parser after each socket read."""
+        if self._eof:
+            return True
+        if self._large is not None:
+            return self._large_filled >= len(self._large[2])
+        available = self._end - self._start
+        if available < HEADER.size:
+            return False
+        (length,) = _LENGTH.unpack_from(self._scratch, self._start)
+        limit = self.frame_bytes_max if self.state is READY else HELLO_BYTES_MAX
+        return available >= 4 + length or length >= min(LARGE_FRAME_BYTES, limit + 1)
+
     def _renew_scratch(self, need: int = 0) -> None:
         """A fresh scratch buffer holding the unparsed bytes (a partial frame)."""
         rest = memoryview(self._scratch)[self._start:self._end]
@@ -220,7 +242,7 @@ class Connection:
                 self._renew_scratch(4 + length)
             return self._starved(available)
         self._start = end
-        if length >= LARGE_FRAME_BYTES:  # a view: the scratch buffer is never rewritten
+        if length >= VIEW_FRAME_BYTES:  # a view: the scratch buffer is never rewritten
             return self._decode(type_code, request_id, memoryview(self._scratch)[body_start:end])
         return self._decode(type_code, request_id, bytes(self._scratch[body_start:end]))
 

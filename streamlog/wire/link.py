@@ -33,6 +33,7 @@ from .codes import DaemonUnavailable, RemoteProtocolError, exception_for
 from .connection import CLOSED, NEED_DATA, Connection
 from .messages import (FRAME_BYTES_MAX, REQUEST_ID_MAX, WIRE_VERSION, Error, Hello, HelloOk,
                        Message, Ping, Role)
+from .stream import Channel
 
 if TYPE_CHECKING:
     from .client import RemoteReader
@@ -101,7 +102,8 @@ class Link:
         self.frame_bytes_max = FRAME_BYTES_MAX
         self.failure: StreamLogError | None = None
         self._ids = itertools.count(1)
-        self._writer = None
+        self._writer: Channel | None = None
+        self._hello: asyncio.Future | None = None
         self._tasks: list[asyncio.Task] = []
 
     @classmethod
@@ -149,21 +151,24 @@ class Link:
         address, context, timeout_s = (credentials.address, credentials.context,
                                        credentials.timeout_s)
         where = f"{address.host}:{address.port}"
+        self._hello = self.loop.create_future()  # the handshake's answer
         try:
-            _, receiver = await asyncio.wait_for(self.loop.create_connection(
-                lambda: _Receiver(self), address.host, address.port, ssl=context,
+            _, channel = await asyncio.wait_for(self.loop.create_connection(
+                lambda: Channel(self.conn, on_made=self._made, on_data=self._received,
+                                on_lost=self._connection_lost),
+                address.host, address.port, ssl=context,
                 server_hostname=address.host if context else None), timeout_s)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as error:
             raise DaemonUnavailable(f"cannot reach the streamlog daemon at {where}: "
                                     f"{error or type(error).__name__}") from None
-        self._writer = receiver
         hello = Hello(0, WIRE_VERSION, credentials.token,
                       credentials.client_name or f"pid {os.getpid()}")
         try:
-            receiver.write(self.conn.send(hello))
+            if not self._hello.done():  # else refused already (a connection limit)
+                channel.write(self.conn.send(hello))
             reply = await asyncio.wait_for(self._handshake(where), timeout_s)
         except BaseException as error:
-            receiver.close()
+            channel.close()
             if isinstance(error, asyncio.TimeoutError):
                 raise DaemonUnavailable(f"no answer to HELLO from {where} within "
                                         f"{timeout_s:g} s") from None
@@ -175,7 +180,7 @@ class Link:
         self._tasks = [asyncio.create_task(self._heartbeat(reply.idle_timeout_ms / 3000))]
 
     async def _handshake(self, where: str) -> HelloOk:
-        message = await self._writer.hello
+        message = await self._hello
         if isinstance(message, HelloOk):
             return message
         if isinstance(message, Error):
@@ -184,12 +189,19 @@ class Link:
             raise message
         raise DaemonUnavailable(f"the daemon at {where} closed the connection")
 
+    def _made(self, channel: Channel) -> None:
+        self._writer = channel  # before any byte arrives (an early refusal)
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else ""
+        self._lost(DaemonUnavailable(f"connection to the daemon lost{why}"))
+
     def _received(self) -> None:
-        """The receiver got bytes (or the end): route every whole message."""
+        """The channel got bytes (or the end): route every whole message."""
         try:
             while (message := self.conn.next_event()) is not NEED_DATA:
-                if not self._writer.hello.done():  # HELLO_OK, ERROR or CLOSED
-                    self._writer.hello.set_result(message)
+                if not self._hello.done():  # HELLO_OK, ERROR or CLOSED
+                    self._hello.set_result(message)
                     if isinstance(message, HelloOk):
                         continue
                     return
@@ -200,12 +212,11 @@ class Link:
             self._lost(error)
 
     def _lost(self, error: StreamLogError) -> None:
-        receiver = self._writer
-        if receiver is not None and not receiver.hello.done():
-            receiver.hello.set_result(error)
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_result(error)
         self._fail_all(error)
-        if receiver is not None:
-            receiver.close()
+        if self._writer is not None:
+            self._writer.close()
 
     def _route(self, message: Message) -> None:
         reader = self.subscriptions.get(message.request_id)
@@ -334,71 +345,6 @@ def unusable(task: asyncio.Task) -> bool:
     if task.cancelled() or task.exception() is not None:
         return True
     return task.result().failure is not None
-
-
-class _Receiver(asyncio.BufferedProtocol):
-    """The link's socket: bytes go straight into the connection's buffers (a large
-    BATCH's payload into a buffer of its own: no copy in user space), and the link
-    routes each message as it completes. Also the link's writer (write, drain, close)."""
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.transport: asyncio.Transport | None = None
-        self.hello: asyncio.Future = link.loop.create_future()  # the handshake's answer
-        self._closed: asyncio.Future = link.loop.create_future()
-        self._writable = asyncio.Event()
-        self._writable.set()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.link._writer = self  # before any byte arrives (an early refusal)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.link.conn.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.link.conn.buffer_updated(nbytes)
-        self.link._received()
-
-    def eof_received(self) -> bool:
-        self.link.conn.receive_data(b"")
-        self.link._received()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._closed.done():
-            self._closed.set_result(None)
-        self._writable.set()  # wake drain(), which then sees the closed transport
-        why = f": {exc}" if exc else ""
-        self.link._lost(DaemonUnavailable(f"connection to the daemon lost{why}"))
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    # -- the writer's side (what link.py used of asyncio.StreamWriter) --------------
-
-    def write(self, data: bytes) -> None:
-        self.transport.write(data)
-
-    async def drain(self) -> None:
-        if self.transport.is_closing():
-            raise ConnectionResetError("connection closed")
-        await self._writable.wait()
-        if self._closed.done():
-            raise ConnectionResetError("connection lost")
-
-    def is_closing(self) -> bool:
-        return self.transport is None or self.transport.is_closing()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    async def wait_closed(self) -> None:
-        await asyncio.shield(self._closed)
 
 
 # -- crossing to a consumer's thread ---------------------------------------------------

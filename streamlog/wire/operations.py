@@ -49,9 +49,10 @@ from .codes import CLIENT_TYPES_MAX, MessageType, RemoteProtocolError
 from .messages import (INT_BOUNDS, MESSAGES, Message, ResultBytes, ResultInt, ResultJson,
                        ResultOffsets, request_message)
 
-# LogAPI methods that send no request: a fresh transaction id, a refresh (a daemon's
-# answers are always fresh), and the client's own lifetime.
-CLIENT_SIDE = ("new_txn_id", "refresh", "close", "aclose")
+# LogAPI methods that send no request of their own: a fresh transaction id, a refresh (a
+# daemon's answers are always fresh), a producer (its batches are APPENDs), and the
+# client's own lifetime.
+CLIENT_SIDE = ("new_txn_id", "refresh", "producer", "close", "aclose")
 # Client messages that are not operations: the handshake, the heartbeat, and the two
 # that steer a READ's stream.
 CONNECTION_MESSAGES = (MessageType.HELLO, MessageType.PING, MessageType.CREDIT,

@@ -15,7 +15,8 @@ Bounds (TigerStyle "put a limit on everything"), all in `ServerConfig`:
   - a fast producer: while its appends in flight pass inflight_bytes_max (or it has
     requests_inflight_max requests open), the session stops reading its socket, so TCP
     slows the producer down; nothing is dropped. A connection holds at most that
-    window, one frame being received and one socket read (READ_CHUNK_BYTES).
+    window, one frame being received and the bytes not yet parsed (the channel's
+    scratch buffer, session.READ_CHUNK_BYTES).
   - a slow consumer: a READ sends only as many bytes as the client granted (credit) and
     waits for the transport to drain below send_buffer_bytes; the rest stays on disk.
     A follower that falls behind the tail ring reads segments, never daemon memory.
@@ -53,7 +54,8 @@ from .connection import Connection
 from .messages import FRAME_BYTES_MAX, HELLO_BYTES_MAX, Error, Role
 from .metrics import Metrics
 from .operations import OPERATIONS, OperationTable
-from .session import READ_CHUNK_BYTES, Session, event
+from .session import Session, event
+from .stream import Channel
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RATE_WINDOW_S = 10
@@ -168,18 +170,21 @@ class Listeners:
         self.data: asyncio.AbstractServer | None = None
         self.http: asyncio.AbstractServer | None = None
         self._attached = asyncio.Event()
+        self._accepting: set[asyncio.Task] = set()  # sessions started on the data port
 
     @classmethod
     async def bind(cls, config: ServerConfig) -> "Listeners":
         tls = tls_context(config)
         listeners = cls()
         try:
+            loop = asyncio.get_running_loop()
             listeners.data = await _listen(
-                "data", listeners._accept, config.host, config.port, ssl=tls,
-                limit=READ_CHUNK_BYTES,
+                "data", loop.create_server, listeners._channel(config), config.host,
+                config.port, ssl=tls,
                 ssl_handshake_timeout=config.handshake_timeout_s if tls else None)
             if config.metrics_port is not None:
-                listeners.http = await _listen("metrics", listeners._http, config.host,
+                listeners.http = await _listen("metrics", asyncio.start_server,
+                                               listeners._http, config.host,
                                                config.metrics_port)
         except BaseException:
             listeners.close()
@@ -205,12 +210,21 @@ class Listeners:
                 server.close()
         self._attached.set()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def _channel(self, config: ServerConfig):
+        """The data port's protocol factory: a Channel per connection (stream.py), its
+        session started once the server is attached."""
+        def made(channel: Channel) -> None:
+            task = asyncio.get_running_loop().create_task(self._accept(channel))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+        return lambda: Channel(Connection(Role.SERVER, config.frame_bytes_max), on_made=made)
+
+    async def _accept(self, channel: Channel):
         await self._attached.wait()
         if self.server is None:
-            writer.close()
+            channel.close()
         else:
-            await self.server._accept(reader, writer)
+            await self.server._accept(channel)
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         """One HTTP/1.1 request (GET or HEAD), answered by the server, then close."""
@@ -237,9 +251,9 @@ class Listeners:
             writer.close()
 
 
-async def _listen(listener: str, handler, host: str, port: int, **options):
+async def _listen(listener: str, serve, handler, host: str, port: int, **options):
     try:
-        return await asyncio.start_server(handler, host, port, **options)
+        return await serve(handler, host, port, **options)
     except OSError as error:
         raise ListenError(listener, host, port, error) from error
 
@@ -331,17 +345,17 @@ class LogServer:
     def submit_blocking(self, fn, *args) -> concurrent.futures.Future:
         return self._executor.submit(fn, *args)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    async def _accept(self, channel: Channel):
         self._next_id += 1
-        peer = _peer(writer)
+        peer = _peer(channel)
         if self.draining or len(self.sessions) >= self.config.connections_max:
             self.metrics.counters["refused"] += 1
             code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.TOO_MANY_CONNECTIONS
             event(logging.WARNING, "connection_refused", peer=peer, reason=code.name.lower(),
                   connections=len(self.sessions))
-            await _refuse(writer, code, f"daemon refused the connection: {code.name.lower()}")
+            await _refuse(channel, code, f"daemon refused the connection: {code.name.lower()}")
             return
-        session = Session(self, reader, writer, self._next_id, peer)
+        session = Session(self, channel, self._next_id, peer)
         self.sessions.add(session)
         self.metrics.counters["connections"] += 1
         try:
@@ -393,7 +407,7 @@ class LogServer:
         return "404 Not Found", "text/plain", b"try /healthz or /metrics\n"
 
 
-async def _refuse(writer: asyncio.StreamWriter, code: ErrorCode, message: str) -> None:
+async def _refuse(writer: Channel, code: ErrorCode, message: str) -> None:
     connection = Connection(Role.SERVER)
     try:
         writer.write(connection.send(Error(0, int(code), message)))
@@ -404,7 +418,7 @@ async def _refuse(writer: asyncio.StreamWriter, code: ErrorCode, message: str) -
         writer.close()
 
 
-def _peer(writer: asyncio.StreamWriter) -> str:
+def _peer(writer: Channel) -> str:
     peer = writer.get_extra_info("peername")
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 

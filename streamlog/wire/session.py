@@ -31,19 +31,22 @@ from ..payload import EncodedRows
 from ..records import AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
 from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
-from .connection import CLOSED, DONE, ERROR, NEED_DATA, Connection
+from .connection import CLOSED, DONE, ERROR, NEED_DATA, SCRATCH_BYTES
 from .messages import (READ_COMMITTED, READ_DATA_ONLY, READ_FOLLOW, WIRE_VERSION, Append,
                        Appended, Batch, Cancel, Credit, Error, Hello, HelloOk, Message, Ping,
-                       Pong, Read, ReadEnd, ReadOpened, Role, Start, Stop, error_message,
+                       Pong, Read, ReadEnd, ReadOpened, Start, Stop, error_message,
                        pack_ranges)
 from .operations import Operation
+from .stream import Channel
 
 if TYPE_CHECKING:
     from .server import LogServer
 
 log = logging.getLogger("streamlog.wire.server")
 
-READ_CHUNK_BYTES = 256 * 1024
+# What one connection may hold beyond its window of appends: the bytes received but not
+# yet parsed (the channel's scratch buffer).
+READ_CHUNK_BYTES = SCRATCH_BYTES
 PULL_BYTES_MAX = 1024 * 1024
 
 
@@ -68,15 +71,16 @@ class Session:
                 MessageType.CREDIT: "_on_credit", MessageType.CANCEL: "_on_cancel",
                 MessageType.PING: "_on_ping"}
 
-    def __init__(self, server: LogServer, reader, writer, number: int, peer: str) -> None:
+    def __init__(self, server: LogServer, channel: Channel, number: int, peer: str) -> None:
         self.server = server
         self.config = server.config
-        self.reader = reader
-        self.writer = writer
+        self.channel = self.writer = channel
         self.number = number
         self.peer = peer
-        self.conn = Connection(Role.SERVER, server.config.frame_bytes_max,
-                               messages=server.operations.messages)
+        # The channel buffered (nothing is parsed before this): this server's messages.
+        self.conn = channel.conn
+        self.conn.frame_bytes_max = server.config.frame_bytes_max
+        self.conn.messages = server.operations.messages
         self._operations = server.operations.by_type
         self._handlers = {type_: getattr(self, name) for type_, name in self.HANDLERS.items()}
         self.tasks: set[asyncio.Task] = set()
@@ -89,7 +93,7 @@ class Session:
         self._hello_id = 0
         self._stopping = False
         self._read_task: asyncio.Task | None = None
-        transport = writer.transport
+        transport = channel.transport
         transport.set_write_buffer_limits(high=server.config.send_buffer_bytes)
 
     async def run(self) -> None:
@@ -154,25 +158,33 @@ class Session:
     async def _read_loop(self) -> str | None:
         await self._handshake()
         while True:
-            await self._wait_for_room()
-            data = await self._read(self.config.idle_timeout_s, "idle timeout")
-            for message in self.conn.events(data):
+            while (message := self.conn.next_event()) is not NEED_DATA:
                 if message is CLOSED:
                     return "closed by peer"
                 self.requests += 1
                 self._dispatch(message)
+                if self._room_short():
+                    await self._wait_for_room()
+            await self._wait_for_room()
+            await self._read(self.config.idle_timeout_s, "idle timeout")
 
-    async def _read(self, timeout: float, why: str) -> bytes:
+    async def _read(self, timeout: float, why: str, *, deadline: bool = False) -> None:
+        """Wait for the peer's next whole message (the channel puts bytes in
+        self.conn). Silence for `timeout` ends the session; bytes of a frame still
+        arriving are not silence, unless the timeout is a `deadline`."""
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
         # arrives as the read completes, and a drain must stop every read loop.
-        try:
-            async with asyncio.timeout(timeout):
-                data = await self.reader.read(READ_CHUNK_BYTES)
-        except TimeoutError:
-            raise _Stop(f"{why} ({timeout:g} s without data)") from None
+        while True:
+            seen = self.channel.received
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.channel.readable()
+                break
+            except TimeoutError:
+                if deadline or self.channel.received == seen:
+                    raise _Stop(f"{why} ({timeout:g} s without data)") from None
         if self._stopping:
             raise asyncio.CancelledError
-        return data
 
     async def _handshake(self) -> None:
         deadline = time.monotonic() + self.config.handshake_timeout_s
@@ -182,8 +194,7 @@ class Session:
                 raise _Stop("closed before HELLO")
             if message is not NEED_DATA:
                 break
-            data = await self._read(max(deadline - time.monotonic(), 0.0), "no HELLO")
-            self.conn.receive_data(data)
+            await self._read(max(deadline - time.monotonic(), 0.0), "no HELLO", deadline=True)
         assert isinstance(message, Hello)
         if message.version != WIRE_VERSION:
             self._hello_id = message.request_id
@@ -198,14 +209,25 @@ class Session:
         event(logging.INFO, "connection_open", peer=self.peer, connection=self.number,
               client=message.client[:100])
 
+    def _room_short(self) -> bool:
+        return (self.inflight_bytes > self.config.inflight_bytes_max
+                or len(self.tasks) >= self.config.requests_inflight_max)
+
     async def _wait_for_room(self) -> None:
-        """Back-pressure on a producer: stop reading while too much is in flight, or
-        while what we owe it has not drained into the socket."""
-        while (self.inflight_bytes > self.config.inflight_bytes_max
-               or len(self.tasks) >= self.config.requests_inflight_max):
-            self.room.clear()
-            await self.room.wait()
-        await self.writer.drain()
+        """Back-pressure on a producer: stop reading its socket while too much is in
+        flight, or while what we owe it has not drained into the socket (TCP then
+        slows it down; nothing is dropped)."""
+        if not self._room_short():
+            await self.writer.drain()
+            return
+        self.channel.pause_reading()
+        try:
+            while self._room_short():
+                self.room.clear()
+                await self.room.wait()
+            await self.writer.drain()
+        finally:
+            self.channel.resume_reading()
 
     # -- requests --------------------------------------------------------------------
 

@@ -317,11 +317,14 @@ def test_from_end_reads_only_what_is_appended_from_now_on(log_dir):
 def test_follow_waits_for_a_log_and_a_stream_that_do_not_exist_yet(tmp_path):
     path = tmp_path / "later" / "log"
     proc = popen("read", path, "--stream", "s", "--follow", "--from-end", "--max-messages", "2")
-    time.sleep(1.0)
+    # It says what it waits for, once, on stderr (however slowly it started).
+    notice = proc.stderr.readline().decode()
+    assert notice == f"streamlog: waiting for the log {path} to be created (--follow)\n"
     waiting = proc.poll() is None  # not exit 2
     with streamlog.open_log(path) as log:
         log.create_stream("other")
-        time.sleep(0.6)
+        notice = proc.stderr.readline().decode()
+        assert notice == "streamlog: waiting for the stream 's' to be created (--follow)\n"
         still = proc.poll() is None  # still waiting for its stream
         log.create_stream("s")
         log.append_batch_sync("s", [b"first", b"second", b"third"])

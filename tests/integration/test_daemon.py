@@ -46,7 +46,8 @@ from streamlog.wire.client import RemoteLog, open_remote, parse_url
 from streamlog.wire.operations import (JSON, OPERATIONS, PARTITION, STREAM, Operation,
                                        OperationTable, Reply)
 from streamlog.wire.metrics import Metrics, TimedFileIO
-from streamlog.wire.server import READ_CHUNK_BYTES, LogServer, ServerConfig
+from streamlog.wire.server import LogServer, ServerConfig
+from streamlog.wire.session import READ_CHUNK_BYTES
 
 pytestmark = pytest.mark.slow
 

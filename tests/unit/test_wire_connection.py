@@ -4,7 +4,7 @@ to turn the bytes of one socket read into messages."""
 import pytest
 
 from streamlog.wire.codes import RemoteProtocolError
-from streamlog.wire.connection import CLOSED, Connection
+from streamlog.wire.connection import CLOSED, NEED_DATA, Connection
 from streamlog.wire.messages import Hello, HelloOk, Ping, Role, encode_message
 from streamlog.wire.operations import OPERATIONS
 
@@ -37,3 +37,117 @@ def test_events_raises_for_a_peer_that_closes_inside_a_frame():
     assert list(server.events(encode_message(Ping(1))[:5])) == []
     with pytest.raises(RemoteProtocolError, match="inside a frame"):
         list(server.events(b""))
+
+
+# -- receiving into the connection's buffers (get_buffer / buffer_updated) --------------
+
+def _appends(sizes: list[int]) -> list:
+    from streamlog.wire.columns import encode_records
+    from streamlog.wire.messages import Append
+    out = []
+    for number, size in enumerate(sizes, start=1):
+        values = [bytes([number % 251]) * size]
+        payload, flags = encode_records([number], [None], values)
+        out.append(Append(number, "s", 0, 0, 1, 1, flags, payload))
+    return out
+
+
+def _fed_by_buffers(server: Connection, data: bytes, chunks) -> list:
+    """Write `data` into whatever get_buffer() offers, at most the next chunk size each
+    time (as a socket's recv_into would), parsing after each write."""
+    received, position, sizes = [], 0, iter(chunks)
+    while position < len(data):
+        into = server.get_buffer()
+        assert len(into) > 0
+        size = min(len(into), len(data) - position, next(sizes))
+        into[:size] = data[position:position + size]
+        del into  # a real transport drops its view too; the buffers never resize anyway
+        server.buffer_updated(size)
+        position += size
+        while (event := server.next_event()) is not NEED_DATA:
+            received.append(event)
+    return received
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 65_536, 300_000, 5_000_000])
+def test_messages_of_every_size_come_out_whole_however_the_bytes_arrive(chunk):
+    import itertools
+    from streamlog.wire import connection
+    sizes = [10, connection.VIEW_FRAME_BYTES + 5, 3, connection.LARGE_FRAME_BYTES * 2, 1,
+             connection.SCRATCH_BYTES + 17, 100, connection.VIEW_FRAME_BYTES - 100]
+    if chunk == 1:
+        sizes = [10, 3, 200, 1]  # a byte at a time: only small frames, to stay quick
+    sent = _appends(sizes)
+    data = b"".join(encode_message(m) for m in sent)
+    server = _ready_server()
+    got = _fed_by_buffers(server, data, itertools.cycle([chunk, chunk // 3 + 1]))
+    assert [(m.request_id, bytes(m.payload)) for m in got] == [
+        (m.request_id, bytes(m.payload)) for m in sent]
+    assert server.buffered_bytes == 0
+    # The same bytes through receive_data (copied in) give the same messages.
+    other = _ready_server()
+    assert [bytes(m.payload) for m in other.events(data)] == [bytes(m.payload) for m in sent]
+
+
+def test_a_large_frame_is_received_into_its_own_buffer_and_handed_on_as_a_view():
+    from streamlog.wire import connection
+    (message,) = _appends([connection.LARGE_FRAME_BYTES * 3])
+    data = encode_message(message)
+    server = _ready_server()
+    head = server.get_buffer()
+    head[:1000] = data[:1000]
+    del head
+    server.buffer_updated(1000)
+    assert server.next_event() is NEED_DATA
+    body = server.get_buffer()  # the rest of that frame exactly: the kernel writes there
+    assert len(body) == len(data) - 1000
+    body[:] = data[1000:]
+    del body
+    server.buffer_updated(len(data) - 1000)
+    (got,) = list(server.events(b""))[:1]
+    assert isinstance(got.payload, memoryview) and bytes(got.payload) == bytes(message.payload)
+
+
+def test_a_frame_over_the_limit_is_refused_before_its_body_is_buffered():
+    server = Connection(Role.SERVER, frame_bytes_max=1 << 20)
+    server.receive_data(encode_message(Hello(0, 1, b"t")))
+    assert isinstance(server.next_event(), Hello)
+    server.send(HelloOk(0, 1, 1 << 20, 1000))
+    (message,) = _appends([2 << 20])
+    server.receive_data(encode_message(message)[:64])
+    with pytest.raises(RemoteProtocolError, match="over the limit"):
+        server.next_event()
+
+
+def test_a_peer_closing_inside_a_large_frame_is_a_protocol_error():
+    from streamlog.wire import connection
+    (message,) = _appends([connection.LARGE_FRAME_BYTES * 2])
+    server = _ready_server()
+    server.receive_data(encode_message(message)[:connection.LARGE_FRAME_BYTES])
+    assert server.next_event() is NEED_DATA
+    server.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match="inside a frame"):
+        server.next_event()
+
+
+def test_has_event_says_whether_next_event_has_something():
+    from streamlog.wire import connection
+    sent = _appends([100, connection.LARGE_FRAME_BYTES + 10])
+    data = b"".join(encode_message(m) for m in sent)
+    server = _ready_server()
+    small = len(encode_message(sent[0]))
+    assert not server.has_event()  # nothing yet
+    for cut in (3, small - 1):
+        probe = _ready_server()
+        probe.receive_data(data[:cut])
+        assert not probe.has_event() and probe.next_event() is NEED_DATA
+    server.receive_data(data[:small + 20])
+    assert server.has_event()
+    assert server.next_event() == sent[0]
+    # the large frame's header is in: parse it (its body then goes to its own buffer)
+    assert server.has_event() and server.next_event() is NEED_DATA
+    assert not server.has_event()
+    server.receive_data(data[small + 20:])
+    assert server.has_event() and bytes(server.next_event().payload) == bytes(sent[1].payload)
+    server.receive_data(b"")
+    assert server.has_event() and server.next_event() is CLOSED
