@@ -28,10 +28,10 @@ import zstandard
 
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import LogClosed, PartitionFailed
-from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame
+from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame, encode_frame_from_parts
 from .index import IndexEntry, RecoveryPoint
 from .payload import (NO_TIME, EncodedRows, advance_hwm, compress, data_timestamps,
-                      encode_payload, join_encoded)
+                      encode_payload, encoded_parts)
 from .txn import frame_events
 
 log = logging.getLogger("streamlog.appender")
@@ -312,7 +312,8 @@ class Appender:
         if frame_pieces:
             offset, hwm = self._emit(frame_pieces, offset, hwm, frames)
         segment, position = self.partition.segment_for_write(sum(len(f[0]) for f in frames))
-        written_at = segment.append(b"".join(f[0] for f in frames))
+        written_at = segment.append(frames[0][0] if len(frames) == 1  # (not copied again)
+                                    else b"".join(f[0] for f in frames))
         assert written_at == position
         self.stats["writes"] += 1
         entries, events, published = [], [], []
@@ -354,21 +355,32 @@ class Appender:
     def _emit(self, pieces: list, offset: int, hwm, frames: list):
         """Encode pieces as one frame; append (bytes, base, values, hwm_before, ...) to
         `frames`; return the next offset and running max."""
+        txn_id = pieces[0].txn_id
         if isinstance(pieces[0], EncodedRows):
-            raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
-                _encoded_payload(pieces))
+            # Columns: the parts are copied once, straight into the frame, whose
+            # payload is then the raw payload too (compressed only if that pays).
+            count, min_ts, max_ts = _encoded_bounds(pieces)
+            data = encode_frame_from_parts(base_offset=offset, record_count=count,
+                                           min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                                           txn_id=txn_id, flags=0,
+                                           parts=encoded_parts(pieces))
+            raw, flags, data_max_ts, kinds, value_at = (
+                memoryview(data)[HEADER_BYTES:], 0, max_ts, None, None)
+            stored = self._maybe_compress(raw)
         else:
             raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
                 _list_payload(pieces))
-        stored = self._maybe_compress(raw)
-        stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
+            stored = self._maybe_compress(raw)
+            data = None
+        if data is None or stored is not raw:
+            stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
+            data = encode_frame(base_offset=offset, record_count=count,
+                                min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                                txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
+                                payload=stored)
+            assert len(data) == HEADER_BYTES + len(stored)
         # control records never move the high-water mark (payload.py)
         hwm_after = advance_hwm(hwm, data_max_ts)
-        data = encode_frame(base_offset=offset, record_count=count,
-                            min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                            txn_id=pieces[0].txn_id, flags=stored_flags,
-                            raw_bytes=len(raw), payload=stored)
-        assert len(data) == HEADER_BYTES + len(stored)
         events = frame_events(pieces[0].txn_id, offset, kinds, value_at)
         frames.append((data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
                        pieces[0].txn_id, events))
@@ -417,13 +429,11 @@ def _list_payload(pieces: list[Piece]):
     return raw, flags, len(values), min_ts, max_ts, data_max_ts, kinds, values.__getitem__
 
 
-def _encoded_payload(pieces: list[EncodedRows]):
-    """As _list_payload, for columnar pieces: their parts joined (all data records)."""
-    raw = join_encoded(pieces)
-    min_ts = min(p.min_timestamp_us for p in pieces)
-    max_ts = max(p.max_timestamp_us for p in pieces)
+def _encoded_bounds(pieces: list[EncodedRows]) -> tuple[int, int, int]:
+    """(record count, min and max timestamp) of columnar pieces (all data records)."""
     count = sum(p.record_count for p in pieces)
-    return raw, 0, count, min_ts, max_ts, max_ts, None, None
+    return (count, min(p.min_timestamp_us for p in pieces),
+            max(p.max_timestamp_us for p in pieces))
 
 
 def _merge_optional(pieces: list[Piece], name: str, default):

@@ -120,6 +120,32 @@ def encode_frame(*, base_offset: int, record_count: int, min_timestamp_us: int,
     return b"".join((head[:64], _CHECKED.pack(header_checksum), payload))
 
 
+def encode_frame_from_parts(*, base_offset: int, record_count: int, min_timestamp_us: int,
+                            max_timestamp_us: int, txn_id: int, flags: int,
+                            parts: list) -> bytearray:
+    """encode_frame of an uncompressed payload given as buffers to concatenate: each is
+    copied once, straight into the frame (no joined payload first). The payload is
+    memoryview(frame)[HEADER_BYTES:]."""
+    size = sum(memoryview(part).nbytes for part in parts)
+    assert base_offset >= 0 and record_count >= 1
+    assert min_timestamp_us <= max_timestamp_us
+    assert flags & ~FLAGS_KNOWN == 0 and flags & CODEC_MASK == 0
+    assert HEADER_BYTES + size <= FRAME_BYTES_LIMIT
+    frame = bytearray(HEADER_BYTES + size)
+    view = memoryview(frame)
+    position = HEADER_BYTES
+    for part in parts:
+        part = memoryview(part).cast("B")
+        view[position:position + part.nbytes] = part
+        position += part.nbytes
+    payload_checksum = xxhash.xxh3_64_intdigest(view[HEADER_BYTES:])
+    HEADER.pack_into(frame, 0, MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
+                     max_timestamp_us, txn_id, record_count, size, size, 0,
+                     payload_checksum, 0)
+    _CHECKED.pack_into(frame, 64, xxhash.xxh3_64_intdigest(view[:64]))
+    return frame
+
+
 def decode_header(buf, position: int = 0):
     """Decode and check a header. Returns the unpacked fields, INCOMPLETE, or raises."""
     if len(buf) - position < HEADER_BYTES:

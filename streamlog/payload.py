@@ -55,6 +55,9 @@ class Columns:
     values: memoryview
     headers: memoryview | None
     txn_id: int = 0
+    # The whole (uncompressed) payload these columns are views of, when they came from
+    # one: a server sends it on as it is for a whole batch (wire/columns.py).
+    raw: memoryview | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps_us)
@@ -99,7 +102,7 @@ class EncodedRows:
     """Rows of a columnar append (columnar.py) already in payload form: each field is
     one column part of the layout above for these rows, as bytes-like objects (NumPy
     arrays, or memoryviews into the caller's Arrow buffers). Consecutive pieces join
-    into one payload by concatenating part by part (join_encoded), with no work per
+    into one payload by concatenating part by part (encoded_parts), with no work per
     record. Data records only: no kinds, no headers (flags 0)."""
 
     timestamps_us: np.ndarray  # <i8[n]
@@ -117,9 +120,10 @@ class EncodedRows:
         return len(self.timestamps_us)
 
 
-def join_encoded(pieces: list[EncodedRows]) -> bytes:
-    """One raw payload (flags 0) of consecutive EncodedRows pieces: every piece's
-    timestamps, then every piece's key lengths, and so on (one copy of the bytes)."""
+def encoded_parts(pieces: list[EncodedRows]) -> list:
+    """The buffers that, in order, make the raw payload (flags 0) of consecutive
+    EncodedRows pieces: every piece's timestamps, then every piece's key lengths, and
+    so on."""
     assert pieces
     for piece in pieces:
         assert piece.timestamps_us.dtype == np.dtype("<i8")
@@ -129,7 +133,12 @@ def join_encoded(pieces: list[EncodedRows]) -> bytes:
     parts += [piece.value_lengths for piece in pieces]
     parts += [piece.keys for piece in pieces]
     parts += [piece.values for piece in pieces]
-    return b"".join(parts)
+    return parts
+
+
+def join_encoded(pieces: list[EncodedRows]) -> bytes:
+    """encoded_parts joined: the raw payload as one bytes (one copy of the bytes)."""
+    return b"".join(encoded_parts(pieces))
 
 
 def _key_lengths(keys, n: int) -> np.ndarray:
@@ -212,7 +221,7 @@ def _split_columns(buf: memoryview, frame: Frame) -> Columns:
     position += values_total
     headers = buf[position:position + headers_total] if has_headers else None
     return Columns(frame.base_offset, timestamps, kinds, key_lengths, value_lengths,
-                   header_lengths, keys, values, headers, frame.txn_id)
+                   header_lengths, keys, values, headers, frame.txn_id, buf)
 
 
 def columns_to_records(columns: Columns, partition: int, start: int = 0,

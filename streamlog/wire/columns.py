@@ -77,15 +77,15 @@ def check_headers(columns: Columns) -> None:
 def encode_slice(columns: Columns, lo: int, hi: int) -> tuple[bytes, int]:
     """Payload of rows [lo, hi) of a decoded batch, with no loop per record."""
     assert 0 <= lo < hi <= len(columns)
-    flags = 0
+    flags = _flags(columns)
     whole = lo == 0 and hi == len(columns)
+    if whole and columns.raw is not None:
+        return columns.raw, flags  # the stored payload's layout is the wire's: no copy
     parts = [columns.timestamps_us[lo:hi].tobytes(), columns.key_lengths[lo:hi].tobytes(),
              columns.value_lengths[lo:hi].tobytes()]
     if columns.header_lengths is not None:
-        flags |= FLAG_HAS_HEADERS
         parts.append(columns.header_lengths[lo:hi].tobytes())
     if columns.kinds is not None:
-        flags |= FLAG_HAS_CONTROL
         parts.append(columns.kinds[lo:hi].tobytes())
     if whole:
         parts += [columns.keys, columns.values]
@@ -97,6 +97,11 @@ def encode_slice(columns: Columns, lo: int, hi: int) -> tuple[bytes, int]:
         if columns.headers is not None:
             parts.append(_blob_slice(columns.header_lengths, columns.headers, lo, hi))
     return b"".join(parts), flags
+
+
+def _flags(columns: Columns) -> int:
+    return ((FLAG_HAS_HEADERS if columns.header_lengths is not None else 0)
+            | (FLAG_HAS_CONTROL if columns.kinds is not None else 0))
 
 
 def encode_slices(slices) -> tuple[bytes, int]:
@@ -140,8 +145,9 @@ def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
     """(batches, status): advance a reader's slice generator (reader.slices(); the
     daemon does it on its thread pool) until `bytes_budget` payload bytes are encoded
     (MORE), the reader must wait for appends (WAIT), or it is done (END). A batch is
-    (base_offset, record_count, txn_id, payload_flags, payload); consecutive slices of
-    one transaction (0 for most) go out as one."""
+    (base_offset, record_count, txn_id, payload_flags, payload): a whole stored batch
+    its own, its payload as stored (a view, not a copy); consecutive parts of batches of
+    one transaction (0 for most) joined into one."""
     out, group, size, status = [], [], 0, END
     for item in slices:
         if not isinstance(item, tuple):  # the reader's wait sentinel: at the live end
@@ -149,7 +155,7 @@ def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
             break
         columns, lo, hi = item
         if group and not _continues(group[-1], columns, lo):
-            out.append(_batch(group))
+            out += _batches(group)
             group = []
         group.append(item)
         size += int(columns.value_lengths[lo:hi].sum()) + 16 * (hi - lo)
@@ -157,7 +163,7 @@ def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
             status = MORE
             break
     if group:
-        out.append(_batch(group))
+        out += _batches(group)
     return out, status
 
 
@@ -165,6 +171,14 @@ def _continues(previous, columns, lo: int) -> bool:
     last, _, hi = previous
     return (columns.txn_id == last.txn_id
             and columns.base_offset + lo == last.base_offset + hi)
+
+
+def _batches(group) -> list[tuple]:
+    """Whole stored batches go out one BATCH each, their payloads as stored (no copy);
+    anything else as one BATCH of the slices joined."""
+    if all(c.raw is not None and lo == 0 and hi == len(c) for c, lo, hi in group):
+        return [(c.base_offset, len(c), c.txn_id, _flags(c), c.raw) for c, _, _ in group]
+    return [_batch(group)]
 
 
 def _batch(group) -> tuple:

@@ -318,3 +318,21 @@ def test_any_valid_frame_with_any_trailing_bytes(payload, trailing):
     assert isinstance(frame, Frame)
     assert bytes(frame.payload) == payload
     assert frame.end_position == len(data)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+       base=st.integers(0, 1 << 40), count=st.integers(1, 10_000),
+       txn=st.integers(0, (1 << 63) - 1))
+def test_a_frame_built_from_parts_is_the_frame_of_their_concatenation(parts, base, count,
+                                                                      txn):
+    import numpy as np
+    from streamlog.frame import encode_frame_from_parts
+    parts = parts + [np.arange(3, dtype="<i8")]  # NumPy columns are parts too
+    payload = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    fields = dict(base_offset=base, record_count=count, min_timestamp_us=-5,
+                  max_timestamp_us=7, txn_id=txn, flags=0)
+    built = encode_frame_from_parts(parts=parts, **fields)
+    assert bytes(built) == encode_frame(raw_bytes=len(payload), payload=payload, **fields)
+    frame = decode_frame(bytes(built))
+    assert bytes(frame.payload) == payload and frame.base_offset == base
