@@ -267,7 +267,8 @@ def columns_to_records(columns: Columns, partition: int, start: int = 0,
     if (key_lengths < 0).any():  # records without a key: None, not b""
         present = (key_lengths >= 0).tolist()
         record_keys = map(_key_or_none, record_keys, present)
-    offsets = map(base.__add__, rows)
+    offsets = (range(base + rows.start, base + rows.stop) if contiguous
+               else map(base.__add__, rows))
     return map(_new_record, zip(
         itertools.repeat(partition, count), offsets, stamps, record_keys, record_values,
         itertools.repeat(RecordKind.DATA, count) if kinds is None else kinds,
