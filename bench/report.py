@@ -44,6 +44,7 @@ from _common import RESULTS_DIR, Target, command_line, fmt_number  # noqa: E402
 
 REPORT_NAME = "REPORT.md"
 README = Path(__file__).resolve().parent.parent / "README.md"
+README_BENCHES = ("core", "daemon", "spark", "cec")  # the performance figures
 README_BEGIN, README_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 CHART_NAME = "throughput.png"
 NOT_MEASURED = "not measured"
@@ -527,8 +528,11 @@ def unpaired(results: dict[str, Results]) -> list[str]:
 
 
 def readme_table(lines: list[Line], results: dict[str, Results]) -> str:
-    """The table for the README: figure, ours, baseline, ratio, target (the machine,
-    command and date of each run under it, once per benchmark)."""
+    """The table for the README: the headline benchmarks' rows (README_BENCHES) with
+    figure, ours, baseline, ratio, target; the machine, command and date of each run
+    under it. REPORT.md has every row."""
+    lines = [line for line in lines if line.pair.bench in README_BENCHES]
+    results = {name: r for name, r in results.items() if name in README_BENCHES}
     rows = ["| " + " | ".join(COLUMNS[:5]) + " |", "|" + "---|" * 5]
     for line in lines:
         rows.append("| " + " | ".join(cell.replace("|", "\\|")
