@@ -37,3 +37,18 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "integration/spark/" in item.nodeid.replace("\\", "/"):
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    """(cert, key): a self-signed PEM pair for localhost / 127.0.0.1, made by openssl."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key

@@ -22,13 +22,16 @@ class ServeProcess:
     """`streamlog serve PATH --port 0 --metrics-port off [extra...]` with `token`.
     `port` / `metrics_port` (strings) replace those two options; None leaves one out (the
     daemon's default: 7541, metrics on the data port + 1). `metrics_port` is the one the
-    daemon bound, None with no HTTP port."""
+    daemon bound, None with no HTTP port. `kafka_port` (a string, "0": any free port)
+    adds --kafka-port; `self.kafka_port` is then the port bound (else None)."""
 
     def __init__(self, path, *extra: str, token: str, start_timeout_s: float = 30,
-                 port: str | None = "0", metrics_port: str | None = "off") -> None:
+                 port: str | None = "0", metrics_port: str | None = "off",
+                 kafka_port: str | None = None) -> None:
         env = dict(os.environ, STREAMLOG_TOKEN=token)
         options = [*(("--port", port) if port is not None else ()),
-                   *(("--metrics-port", metrics_port) if metrics_port is not None else ())]
+                   *(("--metrics-port", metrics_port) if metrics_port is not None else ()),
+                   *(("--kafka-port", kafka_port) if kafka_port is not None else ())]
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVE, str(path), *options, *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -44,6 +47,9 @@ class ServeProcess:
         self.port = listening["port"]
         self.metrics_port = listening.get("metrics_port")
         self.url = f"streamlog://127.0.0.1:{self.port}"
+        kafka = next((line for line in self.lines if line.get("event") == "kafka_listening"),
+                     None)
+        self.kafka_port = kafka["kafka_port"] if kafka else None
 
     def _collect(self) -> None:
         for line in self.proc.stderr:

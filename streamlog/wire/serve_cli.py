@@ -13,8 +13,9 @@ SIGINT drains (module docstring of server.py) and exits 0.
 
 Exit codes: 0 after a drain; 1 the log cannot be opened (corruption, a data error);
 2 usage: no token, bad TLS files, a port that cannot be bound (in use, not allowed;
-the message names the port and says "data" or "metrics"). The help's epilog is the
-operator's documentation.
+the message names the port and says "data", "metrics" or "kafka"). The help's epilog
+is the operator's documentation. With --kafka-port the Kafka listener (kafka/) is
+bound with the others and serves the same log once it is open.
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ TLS:
   --tls-cert FILE --tls-key FILE (PEM, both together) serve the data port over TLS;
   clients connect to streamlog+tls://HOST:PORT. The metrics port stays plain HTTP.
 
+Kafka:
+  --kafka-port K also speaks the Apache Kafka protocol on --host:K (0: any free port),
+  so unmodified Kafka clients (librdkafka/kcat, confluent-kafka, kafka-python,
+  aiokafka) produce and consume: a topic is a stream, partitions and offsets are the
+  same, this daemon is the one broker. Clients authenticate with SASL/PLAIN, user
+  "streamlog", the token as password (security.protocol SASL_PLAINTEXT, or SASL_SSL
+  when the daemon serves TLS, which then covers this port too). --kafka-auth none
+  (explicitly) lets any client in without SASL. A "kafka_listening" line, just before
+  "listening", names kafka_port.
+
 logs and stopping:
   JSON lines on stderr, one event each. SIGTERM (or Ctrl-C) drains: the ports close,
   appends already received finish (an acknowledged append is durable under --fsync),
@@ -85,6 +96,9 @@ examples:
   streamlog serve data/log --port 9000                      # metrics on 9001
   streamlog serve data/log --port 9100 --metrics-port none  # no HTTP port
   streamlog serve data/log --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
+  streamlog serve data/log --kafka-port 9092                # and Kafka clients on 9092
+  kcat -b 127.0.0.1:9092 -X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN \
+       -X sasl.username=streamlog -X sasl.password="$STREAMLOG_TOKEN" -C -t events -e
   curl -s http://127.0.0.1:7542/healthz
   curl -s http://127.0.0.1:7542/metrics | grep '^streamlog_append_records_total'
   streamlog read streamlog://127.0.0.1:7541 --stream events --follow
@@ -135,6 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "/metrics and in `streamlog info`")
     parser.add_argument("--scrub-interval-s", type=float, default=3600.0, metavar="S",
                         help="pause between two scrubbing passes (default 3600)")
+    parser.add_argument("--kafka-port", type=_port, metavar="K",
+                        help="also speak the Kafka protocol on this port (0: any free "
+                             "port; default: off)")
+    parser.add_argument("--kafka-auth", choices=("plain", "none"), default="plain",
+                        help="Kafka clients' authentication: SASL/PLAIN with user "
+                             "'streamlog' and the token (default), or none")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -196,19 +216,46 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     except (ssl.SSLError, OSError) as error:
         _say(f"TLS: cannot load {config.tls_cert} / {config.tls_key}: {error}")
         return EXIT_USAGE
+    try:
+        kafka = await _bind_kafka(args, config)
+    except OSError as error:
+        listeners.close()
+        _say(str(ListenError("kafka", config.host, args.kafka_port, error)))
+        return EXIT_USAGE
     metrics = Metrics()
     try:
         log = await asyncio.to_thread(_open_log, args, metrics)
     except (StreamLogError, OSError) as error:
         listeners.close()
+        if kafka is not None:
+            await kafka.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         _say(f"cannot open {args.log}: {reason}")
         return EXIT_DATA
     server = LogServer(log, config, metrics)
+    if kafka is not None:
+        await kafka.start(log)
+        logging.getLogger("streamlog.kafka").info("kafka_listening", extra={"fields": {
+            "host": config.host, "kafka_port": kafka.port, "auth": args.kafka_auth,
+            "tls": bool(config.tls_cert)}})
     await server.start(listeners)
     await stop.wait()
+    if kafka is not None:
+        await kafka.close()  # before the drain closes the log
     await server.drain()
     return EXIT_OK
+
+
+async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):
+    """The Kafka listener (kafka/server.py) bound on --host:--kafka-port, or None."""
+    if args.kafka_port is None:
+        return None
+    from ..kafka.server import KafkaConfig, KafkaServer
+    from .server import tls_context
+    return await KafkaServer.bind(KafkaConfig(
+        token=config.token, host=config.host, port=args.kafka_port, auth=args.kafka_auth,
+        tls=tls_context(config), connections_max=config.connections_max,
+        frame_bytes_max=config.frame_bytes_max))
 
 
 def _open_log(args: argparse.Namespace, metrics: Metrics):

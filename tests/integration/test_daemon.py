@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
@@ -709,18 +708,6 @@ def test_fast_producer_is_slowed_not_dropped(daemon_factory):
 
 
 # -- TLS, metrics ----------------------------------------------------------------------
-
-@pytest.fixture
-def certificate(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-                    "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return cert, key
-
 
 def test_tls(daemon_factory, certificate):
     cert, key = certificate

@@ -1,0 +1,12 @@
+"""Kafka's wire protocol in front of a streamlog log (`streamlog serve --kafka-port`).
+
+Modules: errors.py (Kafka's error codes), records.py (RecordBatch v2), codec.py (frames,
+headers, request and response schemas through kio), broker.py (the answers, as
+functions over a Log), groups.py (consumer-group membership), server.py (the asyncio
+listener). See DESIGN section 9.
+"""
+
+from .broker import Broker, OFFSETS_STREAM
+from .server import KafkaConfig, KafkaServer
+
+__all__ = ["Broker", "KafkaConfig", "KafkaServer", "OFFSETS_STREAM"]

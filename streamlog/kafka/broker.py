@@ -1,0 +1,527 @@
+"""The Kafka broker's answers, as functions over a streamlog Log. No sockets.
+
+Strategy: `Broker` holds the log and the little state Kafka keeps beside it (producer
+ids and their sequence numbers, committed offsets); each `handle_*` method takes a
+parsed `Request` (codec.py) and returns its response entity (or None: Produce with
+acks=0 has no response). Every method may block (an fsync, a segment read), so the
+I/O shell (server.py) runs them on its thread pool; Fetch is split so that the shell
+does the waiting (`fetch_once` reads what is there and says what to wait on). The
+consumer-group membership lives in groups.py.
+
+Mapping (DESIGN 9): a topic is a stream, partitions and offsets are the same; this
+daemon is the one broker (node 0) and the leader of every partition. Timestamps are
+milliseconds on the wire and microseconds in the log. Control records (commit and abort
+markers, footprints) keep their offsets and are served as Kafka control batches, which
+consumers skip; read_committed is applied here (aborted and open transactions' data is
+not sent), so the aborted-transactions list is always empty. A null value or header
+value is stored as b"" (the log has no null value).
+
+Cost per record: a produced batch without headers or null values is decoded into Arrow
+arrays (records.py: one Python step per record, to hop to the next) and appended with
+append_columns; other batches go through lists and append_batch. A fetched log batch
+of data without headers is encoded with NumPy from its columns (records.encode_arrays);
+control records and records with headers take the per-record encoder.
+
+Idempotent producers: InitProducerId gives a producer id; a batch with a producer id
+is appended only when its base sequence is the next one expected for (producer,
+partition); a retry of one of the last five batches is answered with the offset it got
+the first time, without appending it again. The sequence state is in memory: after a
+daemon restart a producer's next batch is taken as it comes.
+
+Transactional producers (a transactional_id) are refused with
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the Kafka transaction APIs (AddPartitionsToTxn,
+EndTxn, ...) are not served.
+
+Committed offsets are records of the stream `kafka.consumer_offsets` (key
+"group\\0topic\\0partition", value JSON {"offset", "metadata"}), appended and acknowledged
+under the log's fsync policy before OffsetCommit answers; the broker reads them all back
+when it starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from .. import errors as log_errors
+from ..records import RecordKind
+from . import records as kafka_records
+from .codec import Request, build, response_schema
+from .errors import ErrorCode
+
+OFFSETS_STREAM = "kafka.consumer_offsets"  # a stream name starts with a letter or digit
+NODE_ID = 0
+CLUSTER_ID = "streamlog"
+_LOG = logging.getLogger("streamlog.kafka")
+_REMEMBERED_BATCHES = 5  # Kafka keeps the last five batches per producer and partition
+_BATCH_RECORDS_MAX = 4096  # records per batch in a Fetch response
+_CHUNK_BYTES = 1 << 20  # about this many key and value bytes per batch too
+
+
+@dataclasses.dataclass
+class _ProducerState:
+    epoch: int
+    # per (stream, partition): deque of (first sequence, last sequence, base offset)
+    batches: dict = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where clients reach this broker (the address they connected to)."""
+
+    host: str
+    port: int
+
+
+class Broker:
+    """Kafka's answers over `log` (a local, writable streamlog Log)."""
+
+    def __init__(self, log, *, default_partitions: int = 1,
+                 auto_create_topics: bool = True) -> None:
+        self.log = log
+        self.default_partitions = default_partitions
+        self.auto_create_topics = auto_create_topics
+        self._producers: dict[int, _ProducerState] = {}
+        self._producers_lock = threading.Lock()
+        # producer ids: unique across restarts without a stored counter (ms << 12)
+        self._next_producer_id = itertools.count((int(time.time() * 1000) << 12)
+                                                 + int.from_bytes(os.urandom(1), "big"))
+        self._offsets: dict[str, dict[tuple[str, int], tuple[int, str | None]]] = {}
+        self._offsets_lock = threading.Lock()
+        self._load_offsets()
+
+    # -- topics ----------------------------------------------------------------------
+
+    def _partition_count(self, topic: str) -> int | None:
+        try:
+            return self.log.partition_count(topic)
+        except (log_errors.UnknownStream, log_errors.InvalidArgument, TypeError):
+            return None
+
+    def handle_metadata(self, request: Request, endpoint: Endpoint):
+        body = request.body
+        if body.topics is None or (request.api_version == 0 and not body.topics):
+            names = self.log.streams()
+        else:
+            names = [t.name for t in body.topics]
+        allow_create = getattr(body, "allow_auto_topic_creation", True)
+        topics = []
+        for name in names:
+            count = self._partition_count(name)
+            error = ErrorCode.none
+            if count is None and allow_create and self.auto_create_topics and name:
+                error, count = self._create(name, self.default_partitions)
+            elif count is None:
+                error = ErrorCode.unknown_topic_or_partition
+            topics.append({
+                "error_code": error, "name": name, "is_internal": name == OFFSETS_STREAM,
+                "partitions": [_partition_metadata(p) for p in range(count or 0)]})
+        return build(response_schema(request),
+                     brokers=[{"node_id": NODE_ID, "host": endpoint.host,
+                               "port": endpoint.port}],
+                     cluster_id=CLUSTER_ID, controller_id=NODE_ID, topics=topics)
+
+    def _create(self, name: str, partitions: int) -> tuple[ErrorCode, int | None]:
+        try:
+            return ErrorCode.none, self.log.create_stream(name, partitions)
+        except log_errors.InvalidArgument as error:
+            if "invalid stream name" in str(error):
+                return ErrorCode.invalid_topic_exception, None
+            if "has" in str(error) and "partition" in str(error):
+                return ErrorCode.none, self._partition_count(name)
+            return ErrorCode.invalid_partitions, None
+
+    def handle_create_topics(self, request: Request):
+        results = []
+        for topic in request.body.topics:
+            partitions = topic.num_partitions
+            if partitions == -1:
+                partitions = self.default_partitions if not topic.assignments else len(
+                    topic.assignments)
+            result = {"name": topic.name, "error_code": ErrorCode.none,
+                      "num_partitions": partitions, "replication_factor": 1}
+            if self._partition_count(topic.name) is not None:
+                result.update(error_code=ErrorCode.topic_already_exists,
+                              error_message=f"topic {topic.name!r} already exists")
+            elif topic.replication_factor not in (-1, 1):
+                result.update(error_code=ErrorCode.invalid_replication_factor,
+                              error_message="this broker is the only one: replication "
+                                            "factor 1")
+            elif not 1 <= partitions <= self.log.config.partitions_max:
+                result.update(error_code=ErrorCode.invalid_partitions,
+                              error_message=f"partitions must be 1.."
+                                            f"{self.log.config.partitions_max}")
+            elif not request.body.validate_only:
+                error, _count = self._create(topic.name, partitions)
+                if error != ErrorCode.none:
+                    result.update(error_code=error,
+                                  error_message=f"invalid topic name {topic.name!r}")
+            results.append(result)
+        return build(response_schema(request), topics=results)
+
+    # -- producing -------------------------------------------------------------------
+
+    def handle_init_producer_id(self, request: Request):
+        body = request.body
+        schema = response_schema(request)
+        if body.transactional_id is not None:
+            return build(schema, error_code=ErrorCode.transactional_id_authorization_failed,
+                         producer_id=-1, producer_epoch=-1)
+        asked = getattr(body, "producer_id", -1)
+        with self._producers_lock:
+            if asked >= 0 and asked in self._producers:  # an epoch bump (KIP-360)
+                state = self._producers[asked]
+                state.epoch, state.batches = state.epoch + 1, {}
+                return build(schema, producer_id=asked, producer_epoch=state.epoch)
+            producer_id = next(self._next_producer_id)
+            self._producers[producer_id] = _ProducerState(epoch=0)
+        return build(schema, producer_id=producer_id, producer_epoch=0)
+
+    def handle_produce(self, request: Request):
+        """Append every partition's batches. Returns None for acks=0."""
+        body = request.body
+        acks = body.acks
+        topics = []
+        for topic in body.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                if acks not in (0, 1, -1):
+                    code, base = ErrorCode.invalid_required_acks, -1
+                elif body.transactional_id is not None:
+                    code, base = ErrorCode.transactional_id_authorization_failed, -1
+                else:
+                    code, base = self._produce_partition(topic.name, data.index,
+                                                         data.records or b"")
+                partitions.append({"index": data.index, "error_code": code,
+                                   "base_offset": base, "log_start_offset": -1,
+                                   "record_errors": []})
+            topics.append({"name": topic.name, "partition_responses": partitions})
+        if acks == 0:
+            return None
+        return build(response_schema(request), responses=topics)
+
+    def _produce_partition(self, topic: str, partition: int, data: bytes):
+        count = self._partition_count(topic)
+        if count is None or not 0 <= partition < count:
+            return ErrorCode.unknown_topic_or_partition, -1
+        try:
+            batches = kafka_records.decode_batches(data, as_arrays=True)
+        except kafka_records.BatchError as error:
+            _LOG.warning("kafka_bad_batch", extra={"fields": {
+                "topic": topic, "partition": partition, "error": str(error)}})
+            return error.code, -1
+        first = -1
+        for batch in batches:
+            try:
+                code, base = self._append_batch(topic, partition, batch)
+            except log_errors.InvalidAppend as error:
+                _LOG.warning("kafka_append_refused", extra={"fields": {"error": str(error)}})
+                return ErrorCode.message_too_large, -1
+            except log_errors.LogClosed:
+                return ErrorCode.kafka_storage_error, -1
+            if code != ErrorCode.none:
+                return code, -1
+            first = base if first < 0 else first
+        return ErrorCode.none, first
+
+    def _append_batch(self, topic: str, partition: int, batch) -> tuple[ErrorCode, int]:
+        if batch.is_control or not len(batch):
+            return ErrorCode.invalid_record if batch.is_control else ErrorCode.none, -1
+        if batch.producer_id < 0:
+            return ErrorCode.none, self._append(topic, partition, batch)
+        with self._producers_lock:
+            state = self._producers.get(batch.producer_id)
+            if state is None:  # a producer id from before a restart: take it as it comes
+                state = self._producers[batch.producer_id] = _ProducerState(
+                    epoch=batch.producer_epoch)
+        with state.lock:
+            if batch.producer_epoch < state.epoch:
+                return ErrorCode.invalid_producer_epoch, -1
+            if batch.producer_epoch > state.epoch:
+                state.epoch, state.batches = batch.producer_epoch, {}
+            remembered = state.batches.setdefault(
+                (topic, partition), collections.deque(maxlen=_REMEMBERED_BATCHES))
+            first_seq = batch.base_sequence
+            last_seq = first_seq + len(batch) - 1
+            for seen_first, seen_last, seen_base in remembered:
+                if (seen_first, seen_last) == (first_seq, last_seq):
+                    return ErrorCode.none, seen_base  # a retry: already appended
+            if remembered:
+                expected = (remembered[-1][1] + 1) & 0x7FFFFFFF
+                if first_seq != expected:
+                    return ErrorCode.out_of_order_sequence_number, -1
+            base = self._append(topic, partition, batch)
+            remembered.append((first_seq, last_seq, base))
+            return ErrorCode.none, base
+
+    def _append(self, topic: str, partition: int, batch) -> int:
+        if batch.arrays is not None:  # no headers, no null values: columns as they are
+            columns = {"value": batch.arrays["value"], "key": batch.arrays["key"]}
+            if batch.base_timestamp_ms >= 0:
+                columns["timestamp"] = batch.arrays["timestamp"].to_numpy() * 1000
+            result = self.log.append_columns_sync(topic, columns, partition=partition)
+            return result.ranges[partition][0]
+        if batch.base_timestamp_ms < 0:  # the producer gave none: the append time
+            stamps = None
+        else:
+            stamps = [ms * 1000 for ms in batch.timestamps_ms]
+        headers = batch.headers
+        if headers is not None:
+            headers = [[(name, b"" if value is None else value) for name, value in row]
+                       for row in headers]
+        values = batch.values
+        if None in values:
+            values = [b"" if value is None else value for value in values]
+        result = self.log.append_batch_sync(topic, values, keys=batch.keys,
+                                            timestamps_us=stamps, partition=partition,
+                                            headers=headers)
+        return result.ranges[partition][0]
+
+    # -- consuming -------------------------------------------------------------------
+
+    def fetch_once(self, request: Request):
+        """(response, bytes of records in it, waits): what the log holds now, in one
+        pass; `waits` are the (partition object, end offset seen) pairs a long poll
+        waits on (an append past that end may bring more)."""
+        body = request.body
+        committed = getattr(body, "isolation_level", 0) == 1
+        budget = body.max_bytes if request.api_version >= 3 else 1 << 30
+        topics, total, waits = [], 0, []
+        for topic in body.topics:
+            partitions = []
+            for asked in topic.partitions:
+                entry, size = self._fetch_partition(
+                    topic.topic, asked.partition, asked.fetch_offset,
+                    min(asked.partition_max_bytes, max(budget - total, 0)), committed,
+                    first=total == 0)
+                total += size
+                partitions.append(entry)
+                if entry["error_code"] == ErrorCode.none:
+                    waits.append((self.log.partition(topic.topic, asked.partition),
+                                  entry["high_watermark"]))
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        response = build(response_schema(request), error_code=ErrorCode.none, session_id=0,
+                         responses=topics)
+        return response, total, waits
+
+    def _fetch_partition(self, topic, partition, offset, max_bytes, committed, first):
+        entry = {"partition_index": partition, "error_code": ErrorCode.none,
+                 "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+                 "aborted_transactions": [] if committed else None,
+                 "preferred_read_replica": -1, "records": b""}
+        count = self._partition_count(topic)
+        if count is None or not 0 <= partition < count:
+            entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            return entry, 0
+        log = self.log
+        start, end = log.start_offset(topic, partition), log.end_offset(topic, partition)
+        stable = log.last_stable_offset(topic, partition)
+        entry.update(high_watermark=end, last_stable_offset=stable, log_start_offset=start)
+        if not start <= offset <= end:
+            entry["error_code"] = ErrorCode.offset_out_of_range
+            return entry, 0
+        if offset == end or (committed and offset >= stable):
+            return entry, 0
+        try:
+            chunks = read_batches(log, topic, partition, offset, max_bytes, committed,
+                                  at_least_one=first)
+        except log_errors.OffsetOutOfRange:
+            entry["error_code"] = ErrorCode.offset_out_of_range
+            return entry, 0
+        except log_errors.CorruptionError as error:
+            _LOG.error("kafka_fetch_corrupt", extra={"fields": {"error": str(error)}})
+            entry["error_code"] = ErrorCode.kafka_storage_error
+            return entry, 0
+        data = b"".join(chunks)
+        entry["records"] = data
+        return entry, len(data)
+
+    def handle_list_offsets(self, request: Request):
+        committed = getattr(request.body, "isolation_level", 0) == 1
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for asked in topic.partitions:
+                result = {"partition_index": asked.partition_index,
+                          "error_code": ErrorCode.none, "timestamp": -1, "offset": -1,
+                          "leader_epoch": 0}
+                count = self._partition_count(topic.name)
+                if count is None or not 0 <= asked.partition_index < count:
+                    result["error_code"] = ErrorCode.unknown_topic_or_partition
+                else:
+                    result.update(self._list_offset(topic.name, asked.partition_index,
+                                                    asked.timestamp, committed))
+                partitions.append(result)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return build(response_schema(request), topics=topics)
+
+    def _list_offset(self, topic: str, partition: int, timestamp: int, committed: bool):
+        log = self.log
+        if timestamp == -2:  # earliest
+            return {"offset": log.start_offset(topic, partition)}
+        if timestamp in (-1, -3):  # latest (-3, max timestamp, answered as latest)
+            if committed:
+                return {"offset": log.last_stable_offset(topic, partition)}
+            return {"offset": log.end_offset(topic, partition)}
+        if timestamp < 0:
+            return {"error_code": ErrorCode.invalid_request}
+        offset = log.offset_for_timestamp(topic, partition, timestamp * 1000)
+        end = log.end_offset(topic, partition)
+        if offset >= end:
+            return {"offset": -1, "timestamp": -1}
+        with log.reader(topic, partition, from_offset=offset, read_committed=False) as reader:
+            record = next(iter(reader.records()), None)
+        if record is None:
+            return {"offset": -1, "timestamp": -1}
+        return {"offset": record.offset, "timestamp": record.timestamp_us // 1000}
+
+    # -- committed offsets -----------------------------------------------------------
+
+    def _load_offsets(self) -> None:
+        self.log.create_stream(OFFSETS_STREAM, 1)
+        with self.log.reader(OFFSETS_STREAM, 0) as reader:
+            for record in reader.records():
+                try:
+                    group, topic, partition = record.key.decode().split("\0")
+                    value = json.loads(record.value)
+                    self._offsets.setdefault(group, {})[(topic, int(partition))] = (
+                        int(value["offset"]), value.get("metadata"))
+                except (AttributeError, ValueError, KeyError, TypeError):
+                    _LOG.warning("kafka_offsets_record_skipped",
+                                 extra={"fields": {"offset": record.offset}})
+
+    def commit_offsets(self, group: str, commits: list[tuple[str, int, int, str | None]]):
+        """Append (topic, partition, offset, metadata) commits durably, then remember
+        them. Returns {(topic, partition): ErrorCode}."""
+        codes, keys, values, kept = {}, [], [], []
+        for topic, partition, offset, metadata in commits:
+            count = self._partition_count(topic)
+            if count is None or not 0 <= partition < count:
+                codes[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+                continue
+            if metadata is not None and len(metadata) > 4096:
+                codes[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            keys.append(f"{group}\0{topic}\0{partition}".encode())
+            values.append(json.dumps({"offset": offset, "metadata": metadata}).encode())
+            kept.append((topic, partition, offset, metadata))
+        if kept:
+            self.log.append_batch_sync(OFFSETS_STREAM, values, keys=keys, partition=0)
+            with self._offsets_lock:
+                stored = self._offsets.setdefault(group, {})
+                for topic, partition, offset, metadata in kept:
+                    stored[(topic, partition)] = (offset, metadata)
+                    codes[(topic, partition)] = ErrorCode.none
+        return codes
+
+    def committed(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
+        with self._offsets_lock:
+            return dict(self._offsets.get(group, {}))
+
+
+def _partition_metadata(number: int) -> dict:
+    return {"error_code": ErrorCode.none, "partition_index": number, "leader_id": NODE_ID,
+            "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+            "offline_replicas": []}
+
+
+def read_batches(log, topic: str, partition: int, offset: int, max_bytes: int,
+                 committed: bool, *, at_least_one: bool) -> list[bytes]:
+    """Kafka batches of the partition from `offset`: data records in batches (their
+    offsets kept, so skipped aborted records leave gaps as compaction does), each
+    control record a control batch. Stops before passing `max_bytes`, except that the
+    first batch is always sent when `at_least_one` (a consumer must make progress)."""
+    out, total, last_sent = [], 0, offset - 1
+    reader = log.reader(topic, partition, from_offset=offset, data_only=False,
+                        read_committed=committed)
+    try:
+        for columns, lo, hi in _slices(reader):
+            if columns.kinds is None and columns.header_lengths is None:
+                chunks = _array_chunks(columns, lo, hi)  # data only, no headers: NumPy
+            else:
+                chunks = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)))
+            for chunk, last in chunks:
+                if total + len(chunk) > max_bytes and (out or not at_least_one):
+                    return out
+                out.append(chunk)
+                total, last_sent = total + len(chunk), last
+        if reader.next_offset - 1 > last_sent:
+            # read_committed skipped an aborted transaction (its marker included) at
+            # the end: a control batch on its last offset moves the consumer past it
+            out.append(kafka_records.encode_control_batch(reader.next_offset - 1, 0,
+                                                          commit=False))
+    finally:
+        reader.close()
+    return out
+
+
+def _slices(reader):
+    from ..reader import _WAIT
+    for item in reader.slices():
+        if item is _WAIT:  # not following: never happens, but never wait here
+            return
+        yield item
+
+
+def _columns_records(columns, partition, lo, hi):
+    from ..payload import columns_to_records
+    return columns_to_records(columns, partition, lo, hi, data_only=False)
+
+
+def _kafka_chunks(records):
+    """Encode log records as Kafka batches: runs of data, control records alone.
+    Yields (batch bytes, its last offset)."""
+    run: list = []
+    for record in records:
+        if record.kind == RecordKind.DATA:
+            run.append(record)
+            if len(run) >= _BATCH_RECORDS_MAX:
+                yield _data_batch(run), run[-1].offset
+                run = []
+            continue
+        if run:
+            yield _data_batch(run), run[-1].offset
+            run = []
+        yield kafka_records.encode_control_batch(
+            record.offset, record.timestamp_us // 1000,
+            commit=record.kind != RecordKind.ABORT), record.offset
+    if run:
+        yield _data_batch(run), run[-1].offset
+
+
+def _array_chunks(columns, lo: int, hi: int):
+    """Rows [lo, hi) of a log batch of data records without headers, as Kafka batches
+    of at most _BATCH_RECORDS_MAX records and about _CHUNK_BYTES each, encoded from
+    the batch's columns without a loop per record. Yields (batch bytes, last offset)."""
+    key_offsets, value_offsets = columns.key_offsets(), columns.value_offsets()
+    stamps_ms = columns.timestamps_us // 1000
+    sizes = value_offsets + key_offsets  # bytes before each row
+    start = lo
+    while start < hi:
+        limit = sizes[start] + _CHUNK_BYTES
+        end = min(hi, start + _BATCH_RECORDS_MAX,
+                  max(start + 1, int(np.searchsorted(sizes, limit, side="right")) - 1))
+        yield kafka_records.encode_arrays(
+            columns.base_offset + start, stamps_ms[start:end], columns.key_lengths[start:end],
+            columns.keys[key_offsets[start]:key_offsets[end]],
+            columns.value_lengths[start:end],
+            columns.values[value_offsets[start]:value_offsets[end]]), \
+            columns.base_offset + end - 1
+        start = end
+
+
+def _data_batch(run) -> bytes:
+    base = run[0].offset
+    headers = [r.headers for r in run]
+    return kafka_records.encode_columns(
+        base, [r.offset - base for r in run], [r.timestamp_us // 1000 for r in run],
+        [r.key for r in run], [r.value for r in run], headers if any(headers) else None)

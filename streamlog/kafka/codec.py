@@ -1,0 +1,294 @@
+"""The Kafka wire codec: frames, request headers and bodies, responses. No I/O.
+
+Strategy: the message schemas are kio's (`kio` on PyPI, Apache-2.0): dataclasses
+generated from the JSON message definitions in Kafka's own source tree, one per API
+key and version, flexible versions and tagged fields included, with a native parser
+that reads from a buffer and writers that write to a file-like object. So this module
+only frames and dispatches:
+
+  - `FrameReader` buffers bytes (`receive(data)`) and hands out whole frames
+    (`next_frame()`, None until one is complete): a 4-byte big-endian size, then that
+    many bytes. A size above the bound, or negative, raises FrameTooLarge before the
+    body is buffered (as our own port does).
+  - `parse_request(frame)` reads api key and version, refuses what `SERVED` does not
+    list (UnsupportedRequest, with an UNSUPPORTED_VERSION response when Kafka's schema
+    has one for that key and version), then parses header and body with kio.
+  - `encode_response(request, body)` picks the response header version (the body's,
+    except that ApiVersions always answers with header v0, as Kafka's brokers do) and
+    returns the framed bytes.
+  - `build(cls, **fields)` makes a response entity from plain values (nested lists of
+    dicts), dropping the fields this version does not have and zero-filling the
+    required ones not given, so the broker writes one handler per API, not per version.
+
+Errors: KafkaProtocolError (garbage: the connection ends, its reason logged),
+UnsupportedRequest (see above).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import io
+import struct
+import typing
+import uuid
+
+from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from .errors import ErrorCode, FrameTooLarge, KafkaProtocolError, UnsupportedRequest
+
+# api key -> (name, min version, max version) that this broker serves. The maxima are
+# those current clients negotiate (librdkafka 2.x, kafka-python 2.x/3.x, aiokafka 0.1x)
+# short of the versions that need topic ids (Fetch 13+, Metadata 10+) or KIP-848's
+# consumer protocol; the minima are the oldest versions kio has schemas for.
+SERVED: dict[int, tuple[str, int, int]] = {
+    0: ("Produce", 3, 9),
+    1: ("Fetch", 4, 12),
+    2: ("ListOffsets", 1, 7),
+    3: ("Metadata", 0, 9),
+    8: ("OffsetCommit", 2, 8),
+    9: ("OffsetFetch", 1, 7),
+    10: ("FindCoordinator", 0, 3),
+    11: ("JoinGroup", 0, 7),
+    12: ("Heartbeat", 0, 4),
+    13: ("LeaveGroup", 0, 4),
+    14: ("SyncGroup", 0, 5),
+    17: ("SaslHandshake", 0, 1),
+    18: ("ApiVersions", 0, 4),
+    19: ("CreateTopics", 2, 5),
+    22: ("InitProducerId", 0, 4),
+    36: ("SaslAuthenticate", 0, 2),
+}
+API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+FRAME_BYTES_MAX = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
+_SIZE = struct.Struct(">i")
+_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    """A parsed request: the header's fields and the kio body entity."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: typing.Any
+
+    @property
+    def name(self) -> str:
+        return SERVED[self.api_key][0]
+
+
+class FrameReader:
+    """Size-prefixed frames out of a byte stream. `receive` only buffers."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        self._position = 0
+
+    def receive(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer) - self._position
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame's body, or None when more bytes are needed.
+
+        Raises FrameTooLarge for a size above the bound or below zero."""
+        if self.buffered < 4:
+            return None
+        (size,) = _SIZE.unpack_from(self._buffer, self._position)
+        if size < 0 or size > self.frame_bytes_max:
+            raise FrameTooLarge(f"a request of {size} bytes (the bound is "
+                                f"{self.frame_bytes_max})")
+        if self.buffered < 4 + size:
+            return None
+        start = self._position + 4
+        frame = bytes(self._buffer[start:start + size])
+        self._position = start + size
+        if self._position > 65536 and self._position * 2 > len(self._buffer):
+            del self._buffer[:self._position]  # compact now and then, not per frame
+            self._position = 0
+        return frame
+
+
+def parse_request(frame: bytes) -> Request:
+    """Header and body of one request frame.
+
+    Raises:
+        UnsupportedRequest: an API key or version not in SERVED.
+        KafkaProtocolError: bytes that do not parse as the request they claim to be.
+    """
+    if len(frame) < _KEY_VERSION_CORRELATION.size:
+        raise KafkaProtocolError(f"a request of {len(frame)} bytes has no header")
+    api_key, version, correlation_id = _KEY_VERSION_CORRELATION.unpack_from(frame, 0)
+    served = SERVED.get(api_key)
+    if served is None or not served[1] <= version <= served[2]:
+        raise UnsupportedRequest(
+            f"api key {api_key} version {version} is not served"
+            + ("" if served is None else f" ({served[0]} {served[1]}..{served[2]})"),
+            api_key, version, correlation_id, _unsupported_response(
+                api_key, version, correlation_id))
+    schema = load_request_schema(api_key, version)
+    try:
+        header, used = _reader(schema.__header_schema__)(frame, 0)
+        body, size = _reader(schema)(frame, used)
+    except Exception as error:  # kio's parser raises several kinds for bad bytes
+        raise KafkaProtocolError(f"{served[0]} v{version} does not parse: "
+                                 f"{type(error).__name__}: {error}") from None
+    if used + size != len(frame):
+        raise KafkaProtocolError(f"{served[0]} v{version}: {len(frame) - used - size} "
+                                 f"bytes after the request")
+    return Request(api_key, version, correlation_id, header.client_id, body)
+
+
+def response_schema(request: Request):
+    return load_response_schema(request.api_key, request.api_version)
+
+
+def encode_response(request: Request, body) -> bytes:
+    """The framed response to `request` (body: an entity of its response schema)."""
+    return _encode(request.api_key, request.correlation_id, body)
+
+
+def _encode(api_key: int, correlation_id: int, body) -> bytes:
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    if api_key == API_VERSIONS:
+        out.write(_SIZE.pack(correlation_id))  # header v0 always (KIP-511)
+    else:
+        header_schema = type(body).__header_schema__
+        _writer(header_schema)(out, header_schema(correlation_id=correlation_id))
+    _writer(type(body))(out, body)
+    data = out.getbuffer()
+    data[:4] = _SIZE.pack(len(data) - 4)
+    return bytes(data)
+
+
+def _unsupported_response(api_key: int, version: int, correlation_id: int) -> bytes | None:
+    """UNSUPPORTED_VERSION in the shape the client expects: for ApiVersions, v0 with
+    our versions (the client then retries with one of them, as KIP-511 says); for
+    other keys, the asked version's schema with every error code set, when kio has it."""
+    if api_key == API_VERSIONS:
+        schema = load_response_schema(API_VERSIONS, 0)
+        return _encode(api_key, correlation_id,
+                       build(schema, error_code=ErrorCode.unsupported_version,
+                             api_keys=api_versions_list()))
+    try:
+        schema = load_response_schema(api_key, version)
+    except (KioIndexError, KeyError, ValueError):
+        return None
+    return _encode(api_key, correlation_id, zero(schema, ErrorCode.unsupported_version))
+
+
+def api_versions_list() -> list[dict]:
+    return [{"api_key": key, "min_version": low, "max_version": high}
+            for key, (_name, low, high) in sorted(SERVED.items())]
+
+
+# -- building entities from plain values ------------------------------------------------
+
+@functools.cache
+def _reader(schema):
+    return entity_reader(schema)
+
+
+@functools.cache
+def _writer(schema):
+    return entity_writer(schema)
+
+
+@functools.cache
+def _fields(cls) -> tuple[tuple[str, typing.Any, str | None, bool], ...]:
+    """(name, type hint, kafka_type, has default) of each field of an entity class."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name], f.metadata.get("kafka_type"),
+                  f.default is not dataclasses.MISSING
+                  or f.default_factory is not dataclasses.MISSING)
+                 for f in dataclasses.fields(cls))
+
+
+def _entity_of(hint):
+    """The entity class a field holds (itself, in a tuple, or optional), else None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+        for inner in typing.get_args(candidate):
+            if dataclasses.is_dataclass(inner):
+                return inner
+    return None
+
+
+def _is_tuple(hint) -> bool:
+    return typing.get_origin(hint) is tuple or any(
+        typing.get_origin(a) is tuple for a in typing.get_args(hint))
+
+
+def _convert(hint, kafka_type, value):
+    if value is None:
+        return None
+    entity = _entity_of(hint)
+    if entity is not None:
+        if _is_tuple(hint):
+            return tuple(v if dataclasses.is_dataclass(v) else build(entity, **v)
+                         for v in value)
+        return value if dataclasses.is_dataclass(value) else build(entity, **value)
+    if kafka_type == "error_code":
+        return ErrorCode(int(value))
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    if _is_tuple(hint):
+        return tuple(value)
+    return value
+
+
+def build(cls, **values):
+    """An entity of `cls` from plain values: fields this version lacks are dropped,
+    required fields not given are zero-filled (error codes: NONE)."""
+    kwargs = {}
+    for name, hint, kafka_type, has_default in _fields(cls):
+        if name in values:
+            kwargs[name] = _convert(hint, kafka_type, values[name])
+        elif not has_default:
+            kwargs[name] = _zero_value(hint, kafka_type, ErrorCode.none)
+    return cls(**kwargs)
+
+
+def zero(cls, code: ErrorCode):
+    """An entity of `cls` with every required field zero and every error code `code`."""
+    kwargs = {}
+    for name, hint, kafka_type, has_default in _fields(cls):
+        if kafka_type == "error_code" or not has_default:
+            kwargs[name] = _zero_value(hint, kafka_type, code)
+    return cls(**kwargs)
+
+
+def _zero_value(hint, kafka_type, code: ErrorCode):
+    if kafka_type == "error_code":
+        return code
+    if _is_tuple(hint):
+        return ()
+    entity = _entity_of(hint)
+    if entity is not None:
+        return zero(entity, code)
+    if type(None) in typing.get_args(hint):
+        return None
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return datetime.timedelta(0)
+    if kafka_type == "string":
+        return ""
+    if kafka_type in ("bytes", "records"):
+        return b""
+    if kafka_type == "bool":
+        return False
+    if kafka_type == "uuid":
+        return uuid.UUID(int=0)
+    if kafka_type == "float64":
+        return 0.0
+    return 0
