@@ -247,3 +247,12 @@ def print_targets(figures: dict, targets: list[Target]) -> None:
             ok = None
         verdict = "n/a " if ok is None else ("PASS" if ok else "MISS")
         print(f"  {verdict}  {target.text}")
+
+
+def finish(path: Path, failures: list[str]) -> None:
+    """The end of every benchmark: where its results went, and exit 1 if a measurement
+    failed (its traceback is on stderr)."""
+    print(f"\nwrote {path}")
+    if failures:
+        print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
+        sys.exit(1)

@@ -85,7 +85,7 @@ if os.environ.get("PYTHONPATH"):  # another version's code first (bench/reopen.p
     sys.path.insert(0, os.environ["PYTHONPATH"].split(os.pathsep)[0])
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
+    finish, DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
     median, phase, print_table, print_targets, progress, rate, ratio, remove, timed,
     write_results)
 
@@ -883,10 +883,7 @@ def main(argv: list[str] | None = None) -> None:
     figures, failures = run(args)
     path = write_results("core", figures)
     report(figures)
-    print(f"\nwrote {path}")
-    if failures:
-        print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
-        sys.exit(1)
+    finish(path, failures)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, print_table,
+    finish, DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, print_table,
     print_targets, progress, rate, ratio, remove, write_results)
 from core import (  # noqa: E402  (the same dataset and baselines as bench/core.py)
     BATCH, KEY_BYTES, STREAM, VALUE_BYTES, Dataset, append_batched, append_concurrent,
@@ -284,10 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print_table(figures, ROWS, list(VS))
     print_targets(figures, TARGETS)
-    print(f"\nwrote {path}")
-    if failures:
-        print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
-        sys.exit(1)
+    finish(path, failures)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import importlib.util
 import json
 import math
 import sys
@@ -44,7 +45,7 @@ from _common import RESULTS_DIR, Target, command_line, fmt_number  # noqa: E402
 
 REPORT_NAME = "REPORT.md"
 README = Path(__file__).resolve().parent.parent / "README.md"
-README_BENCHES = ("core", "daemon", "spark", "cec")  # the performance figures
+README_BENCHES = ("core", "daemon", "spark", "kafka", "cec")  # the performance figures
 README_BEGIN, README_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 CHART_NAME = "throughput.png"
 NOT_MEASURED = "not measured"
@@ -194,6 +195,13 @@ PAIRS = [
          "streamlog_stream_sink_rps", "rows/s", PARQUET_WRITE, "parquet_write_rps"),
     Pair("spark", "live tail -> foreachBatch, p99", "latency_foreachbatch_p99_ms", "ms"),
     Pair("spark", "live tail -> streamlog sink, p99", "latency_sink_p99_ms", "ms"),
+    # kafka: an unmodified Kafka client against `serve --kafka-port`, beside our client.
+    Pair("kafka", "confluent-kafka produce, acks=all, linger 5 ms", "kafka_produce_rps",
+         "rec/s", "streamlog client: producer, same run", "ours_produce_rps",
+         targets=("kafka produce >= 0.5x our client's",), target_ratio=0.5, chart=True),
+    Pair("kafka", "confluent-kafka consume", "kafka_consume_rps", "rec/s",
+         "streamlog client: records replay, same run", "ours_consume_rps",
+         targets=("kafka consume >= 0.5x our client's",), target_ratio=0.5, chart=True),
     # cec: the CEC paper's evaluation; peers in the same run, the paper's figures quoted.
     Pair("cec", "operator with CEC (G_OPEN), 1-record windows", "throughput_fast_gopen_rps",
          "rec/s", "no checkpointing, same run", "throughput_fast_none_rps",
@@ -312,9 +320,22 @@ def number(figures: dict, key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def bench_module(bench: str):
+    """bench/BENCH.py as a module, loaded from its file as `bench_BENCH` (a bench may
+    share its name with an installed package: bench/kafka.py and kafka-python)."""
+    name = f"bench_{bench}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent / f"{bench}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it runs
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def script_target(bench: str, text: str) -> Target:
     """The Target of bench/BENCH.py whose text is `text`."""
-    module = importlib.import_module(bench)
+    module = bench_module(bench)
     for target in module.TARGETS:
         if target.text == text:
             return target

@@ -53,7 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, Row, Target, attempt, fresh_dir, median, phase, print_table,
+    finish, DEFAULT_WORKDIR, Row, Target, attempt, fresh_dir, median, phase, print_table,
     print_targets, progress, rate, ratio, remove, timed, write_results)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,10 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     path = write_results("spark", figures)
     print_table(figures, ROWS, ["vs parquet", "vs estimate"])
     print_targets(figures, TARGETS)
-    print(f"\nwrote {path}")
-    if failures:
-        print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
-        sys.exit(1)
+    finish(path, failures)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,228 @@
+"""Kafka benchmark: an unmodified Kafka client (confluent-kafka, librdkafka) against
+`streamlog serve --kafka-port`, beside streamlog's own client in the same run.
+
+Command (from the repository root; `./dev bench kafka` runs the same):
+
+    .venv/bin/python bench/kafka.py                   # 1,000,000 records
+    .venv/bin/python bench/kafka.py --records 200000  # a shorter run
+
+Writes bench/results/kafka.json (flat: named numbers, plus "command" and "cpu_count"),
+prints progress on stderr and a table with ratios and targets on stdout.
+
+Data: bench/core.py's dataset (16-byte random keys, 100-byte random values). One
+`streamlog serve --fsync always --kafka-port 0` on loopback (SASL/PLAIN, the token as
+password); each contender writes its own 1-partition stream on it, then reads it back.
+
+  ours_produce_rps     streamlog's client: open_remote(url).producer(stream,
+                       linger_ms=5), one send(value, key=) per record, then flush():
+                       single records batched by the client, each batch one durable
+                       APPEND (fsync before the acknowledgement).
+  kafka_produce_rps    confluent_kafka.Producer, acks=all, linger.ms=5, one produce()
+                       per record (poll(0) every 1,000; a full queue waits in poll),
+                       then flush(); every delivery report checked for an error.
+                       acks=all is durable under the daemon's fsync=always.
+  ours_consume_rps     RemoteReader.records() of the whole stream (a Record per record).
+  kafka_consume_rps    confluent_kafka.Consumer assigned partition 0 from offset 0 (no
+                       group), consume(10,000, timeout) until every record has come;
+                       every message checked for an error, and the count exact.
+
+Targets: kafka produce >= 0.5x and kafka consume >= 0.5x our own client's rates. The
+machine is shared and noisy: read the ratios, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+
+from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
+    finish, DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, print_table,
+    print_targets, progress, rate, ratio, remove, write_results)
+from core import Dataset, make_dataset  # noqa: E402  (bench/core.py's records)
+
+TOKEN = "bench-kafka-token"
+OURS, THEIRS = "ours", "kafka"
+
+
+def kafka_config(port: int) -> dict:
+    return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "PLAIN", "sasl.username": "streamlog",
+            "sasl.password": TOKEN}
+
+
+def ours_produce(url: str, data: Dataset) -> float:
+    from streamlog.wire.client import open_remote
+    with open_remote(url, TOKEN) as log:
+        log.create_stream(OURS, partitions=1)
+        watch = Stopwatch()
+        with log.producer(OURS, linger_ms=5) as producer:
+            send = producer.send
+            for key, value in zip(data.keys, data.values):
+                send(value, key=key)
+            producer.flush()
+        seconds = watch.elapsed
+        if producer.stats["acknowledged"] != len(data) or producer.stats["failed"]:
+            raise RuntimeError(f"our producer: {producer.stats}")
+        if log.end_offset(OURS, 0) != len(data):
+            raise RuntimeError(f"our stream ends at {log.end_offset(OURS, 0):,}")
+    return seconds
+
+
+def kafka_produce(port: int, url: str, data: Dataset) -> float:
+    from confluent_kafka import KafkaException, Producer
+
+    from streamlog.wire.client import open_remote
+    with open_remote(url, TOKEN) as log:
+        log.create_stream(THEIRS, partitions=1)
+    producer = Producer({**kafka_config(port), "acks": "all", "linger.ms": 5,
+                         "queue.buffering.max.messages": 200_000})
+    outcome = {"delivered": 0, "errors": 0, "first_error": None}
+
+    def delivered(error, _message) -> None:
+        if error is None:
+            outcome["delivered"] += 1
+        else:
+            outcome["errors"] += 1
+            outcome["first_error"] = outcome["first_error"] or str(error)
+
+    watch = Stopwatch()
+    produce, poll = producer.produce, producer.poll
+    for i, (key, value) in enumerate(zip(data.keys, data.values)):
+        while True:
+            try:
+                produce(THEIRS, value, key, partition=0, on_delivery=delivered)
+                break
+            except BufferError:  # the client's queue is full: let deliveries drain
+                poll(0.01)
+        if i % 1000 == 999:
+            poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("confluent-kafka: messages left undelivered after 120 s")
+    seconds = watch.elapsed
+    if outcome["errors"] or outcome["delivered"] != len(data):
+        raise KafkaException(f"{outcome['errors']} delivery errors (first: "
+                             f"{outcome['first_error']}), {outcome['delivered']:,} delivered")
+    return seconds
+
+
+def ours_consume(url: str, count: int) -> float:
+    from streamlog.wire.client import open_remote
+    with open_remote(url, TOKEN) as log:
+        watch = Stopwatch()
+        seen = value_bytes = 0
+        with log.reader(OURS, 0) as reader:
+            for record in reader.records():
+                seen += 1
+                value_bytes += len(record.value)
+        seconds = watch.elapsed
+    if seen != count:
+        raise RuntimeError(f"our reader: {seen:,} records, expected {count:,}")
+    return seconds
+
+
+def kafka_consume(port: int, count: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({**kafka_config(port), "group.id": "bench-unused",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(THEIRS, 0, 0)])
+        watch = Stopwatch()
+        seen = value_bytes = 0
+        deadline = time.monotonic() + 300
+        while seen < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"confluent-kafka: {seen:,} of {count:,} in 300 s")
+            for message in consumer.consume(10_000, timeout=1.0):
+                if message.error() is not None:
+                    raise RuntimeError(f"confluent-kafka: {message.error()}")
+                seen += 1
+                value_bytes += len(message.value())
+        seconds = watch.elapsed
+    finally:
+        consumer.close()
+    if seen != count:
+        raise RuntimeError(f"confluent-kafka: {seen:,} messages, expected {count:,}")
+    return seconds
+
+
+def run(args) -> tuple[dict, list[str]]:
+    from streamlog.testing.serve import ServeProcess
+    figures: dict = {"records": args.records, "key_bytes": 16, "value_bytes": 100,
+                     "linger_ms": 5}
+    failures: list[str] = []
+    work = fresh_dir(args.workdir)
+    data = make_dataset(args.records, seed=1)
+    n = len(data)
+    daemon = ServeProcess(work / "log", "--fsync", "always", token=TOKEN, kafka_port="0")
+    try:
+        url, port = daemon.url, daemon.kafka_port
+
+        def measure(name: str, fn, *fn_args) -> None:
+            with phase(name):
+                seconds = fn(*fn_args)
+            figures[f"{name}_rps"] = rate(n, seconds)
+            progress(f"{name}: {figures[f'{name}_rps']:,.0f} rec/s")
+
+        attempt("ours_produce", lambda: measure("ours_produce", ours_produce, url, data),
+                failures)
+        attempt("kafka_produce",
+                lambda: measure("kafka_produce", kafka_produce, port, url, data), failures)
+        attempt("ours_consume", lambda: measure("ours_consume", ours_consume, url, n),
+                failures)
+        attempt("kafka_consume",
+                lambda: measure("kafka_consume", kafka_consume, port, n), failures)
+        figures["daemon_sigterm_exit"] = daemon.stop()
+    finally:
+        daemon.kill()
+        if not args.keep:
+            remove(work)
+    for name in ("produce", "consume"):
+        value = ratio(figures.get(f"kafka_{name}_rps"), figures.get(f"ours_{name}_rps"))
+        if value is not None:
+            figures[f"kafka_vs_ours_{name}"] = value
+    return figures, failures
+
+
+VS = {"vs ours": None}
+ROWS = [
+    Row("streamlog client: producer, single sends", "ours_produce_rps", "rec/s"),
+    Row("confluent-kafka: produce, acks=all", "kafka_produce_rps", "rec/s",
+        {"vs ours": "ours_produce_rps"}),
+    Row("streamlog client: records replay", "ours_consume_rps", "rec/s"),
+    Row("confluent-kafka: consume", "kafka_consume_rps", "rec/s",
+        {"vs ours": "ours_consume_rps"}),
+]
+TARGETS = [
+    Target("kafka produce >= 0.5x our client's",
+           lambda f: None if "kafka_vs_ours_produce" not in f
+           else f["kafka_vs_ours_produce"] >= 0.5),
+    Target("kafka consume >= 0.5x our client's",
+           lambda f: None if "kafka_vs_ours_consume" not in f
+           else f["kafka_vs_ours_consume"] >= 0.5),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "kafka")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    figures, failures = run(args)
+    path = write_results("kafka", figures)
+    print()
+    print_table(figures, ROWS, list(VS))
+    print_targets(figures, TARGETS)
+    finish(path, failures)
+
+
+if __name__ == "__main__":
+    main()
