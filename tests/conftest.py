@@ -52,3 +52,24 @@ def certificate(tmp_path):
                     "subjectAltName=DNS:localhost,IP:127.0.0.1"],
                    check=True, capture_output=True)
     return cert, key
+
+
+@pytest.fixture(scope="session")
+def kcat():
+    """The kcat binary (Debian's package), installed with apt-get when missing."""
+    import os
+    import shutil
+    import subprocess
+    found = shutil.which("kcat")
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("kcat is not installed and apt-get cannot run here")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+    done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                           "kcat"], env=env, capture_output=True, text=True)
+    found = shutil.which("kcat")
+    if not found:
+        pytest.skip(f"apt-get install kcat failed: {done.stderr.strip()[-300:]}")
+    return found

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -33,24 +32,6 @@ pytestmark = pytest.mark.slow
 
 
 # -- fixtures and helpers ----------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def kcat():
-    """The kcat binary (Debian's package), installed with apt-get when missing."""
-    found = shutil.which("kcat")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("kcat is not installed and apt-get cannot run here")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-    done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                           "kcat"], env=env, capture_output=True, text=True)
-    found = shutil.which("kcat")
-    if not found:
-        pytest.skip(f"apt-get install kcat failed: {done.stderr.strip()[-300:]}")
-    return found
-
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):

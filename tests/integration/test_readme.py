@@ -97,6 +97,7 @@ CLAIMS = {
     # A benchmark runs for minutes; test_every_dev_command_in_the_readme_exists checks
     # that each `./dev bench NAME` names one.
     "Benchmarks": "not run: benchmarks take minutes",
+    "Kafka clients": "test_kafka_clients",
 }
 
 
@@ -416,3 +417,33 @@ def test_every_dev_command_in_the_readme_exists():
         assert f"\n  {command} " in usage, f"./dev {command}"
     for name in set(re.findall(r"\./dev bench (\w+)", text)):
         assert name in benchmarks(), f"./dev bench {name}: no bench/{name}.py"
+
+
+@pytest.mark.slow
+def test_kafka_clients(tmp_path, kcat):
+    """The Kafka section as printed, on free ports: kcat produces through the daemon's
+    Kafka listener, our CLI reads what it wrote, and confluent-kafka consumes it."""
+    produce, consume = section_blocks("Kafka clients")
+    port, kafka_port = free_port_pair(), free_port_pair()
+    script = (produce.text.replace("--port 7551", f"--port {port}")
+              .replace("9092", str(kafka_port)))
+    assert script != produce.text and "&\n" in script
+    serve_line, rest = script.split("&\n", 1)
+    env = shell_env()
+    daemon = subprocess.Popen(["bash", "-c", serve_line], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        wait_for_port(kafka_port, daemon)
+        done = subprocess.run(["bash", "-c", rest.replace("kcat ", f"{kcat} ")], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        promised = [line[2:] for line in rest.splitlines() if line.startswith("# {")]
+        got = done.stdout.splitlines()
+        assert len(got) == len(promised) == 2
+        assert all(matches(p, g) for p, g in zip(promised, got)), got
+        out = run_python(consume.text.replace("9092", str(kafka_port)), tmp_path, 60)
+        assert out.splitlines() == ["0 b'user-1' b'/home'", "1 b'user-2' b'/cart'"]
+        assert "# 0 b'user-1' b'/home' ..." in consume.text
+    finally:
+        stop(daemon)
