@@ -256,3 +256,13 @@ def finish(path: Path, failures: list[str]) -> None:
     if failures:
         print(f"FAILED: {', '.join(failures)} (tracebacks above, on stderr)")
         sys.exit(1)
+
+
+def publish(name: str, figures: dict, failures: list[str], rows: list[Row],
+            columns: list[str], targets: list[Target]) -> None:
+    """Write bench/results/NAME.json, print the table and the targets, then finish()."""
+    path = write_results(name, figures)
+    print()
+    print_table(figures, rows, columns)
+    print_targets(figures, targets)
+    finish(path, failures)

@@ -85,7 +85,7 @@ if os.environ.get("PYTHONPATH"):  # another version's code first (bench/reopen.p
     sys.path.insert(0, os.environ["PYTHONPATH"].split(os.pathsep)[0])
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    finish, DEFAULT_WORKDIR, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
+    DEFAULT_WORKDIR, finish, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
     median, phase, print_table, print_targets, progress, rate, ratio, remove, timed,
     write_results)
 

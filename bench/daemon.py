@@ -67,7 +67,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    finish, DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, median, phase,
+    DEFAULT_WORKDIR, finish, Row, Stopwatch, Target, attempt, fresh_dir, median, phase,
     print_table, print_targets, progress, rate, ratio, remove, write_results)
 from core import BATCH, KEY_BYTES, VALUE_BYTES, Dataset, batches, make_dataset  # noqa: E402
 

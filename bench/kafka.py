@@ -40,8 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    finish, DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, print_table,
-    print_targets, progress, rate, ratio, remove, write_results)
+    DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, progress, publish,
+    rate, ratio, remove)
 from core import Dataset, make_dataset  # noqa: E402  (bench/core.py's records)
 
 TOKEN = "bench-kafka-token"
@@ -217,11 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     figures, failures = run(args)
-    path = write_results("kafka", figures)
-    print()
-    print_table(figures, ROWS, list(VS))
-    print_targets(figures, TARGETS)
-    finish(path, failures)
+    publish("kafka", figures, failures, ROWS, list(VS), TARGETS)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    finish, DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, print_table,
-    print_targets, progress, rate, ratio, remove, write_results)
+    DEFAULT_WORKDIR, Row, Stopwatch, Target, attempt, fresh_dir, phase, progress, publish,
+    rate, ratio, remove)
 from core import (  # noqa: E402  (the same dataset and baselines as bench/core.py)
     BATCH, KEY_BYTES, STREAM, VALUE_BYTES, Dataset, append_batched, append_concurrent,
     make_dataset)
@@ -280,11 +280,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     figures, failures = run(args)
-    path = write_results("producer", figures)
-    print()
-    print_table(figures, ROWS, list(VS))
-    print_targets(figures, TARGETS)
-    finish(path, failures)
+    publish("producer", figures, failures, ROWS, list(VS), TARGETS)
 
 
 if __name__ == "__main__":

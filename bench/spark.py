@@ -53,8 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    finish, DEFAULT_WORKDIR, Row, Target, attempt, fresh_dir, median, phase, print_table,
-    print_targets, progress, rate, ratio, remove, timed, write_results)
+    DEFAULT_WORKDIR, Row, Target, attempt, fresh_dir, median, phase, progress, publish,
+    rate, ratio, remove, timed)
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = "events"
@@ -424,10 +424,7 @@ def run(args) -> tuple[dict, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     figures, failures = run(args)
-    path = write_results("spark", figures)
-    print_table(figures, ROWS, ["vs parquet", "vs estimate"])
-    print_targets(figures, TARGETS)
-    finish(path, failures)
+    publish("spark", figures, failures, ROWS, ["vs parquet", "vs estimate"], TARGETS)
 
 
 if __name__ == "__main__":

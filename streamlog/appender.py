@@ -100,7 +100,7 @@ class Pending:
 def resolve_waiters(done: list[tuple[Waiter, object, BaseException | None]]) -> None:
     """Resolve waiters from the writer thread: sync ones directly, async ones with one
     call_soon_threadsafe per event loop (not one per append)."""
-    by_loop: dict = collections.defaultdict(list)
+    on_loops = []
     for waiter, result, error in done:
         if waiter is None:
             continue
@@ -108,7 +108,16 @@ def resolve_waiters(done: list[tuple[Waiter, object, BaseException | None]]) -> 
             waiter.result, waiter.error = result, error
             waiter.event.set()
         else:
-            by_loop[waiter.loop].append((waiter.future, result, error))
+            on_loops.append((waiter.loop, (waiter.future, result, error)))
+    resolve_on_loops(on_loops)
+
+
+def resolve_on_loops(entries) -> None:
+    """Resolve asyncio futures from another thread: `entries` are (loop, (future,
+    result, error)); one call_soon_threadsafe per loop, not one per future."""
+    by_loop: dict = collections.defaultdict(list)
+    for loop, item in entries:
+        by_loop[loop].append(item)
     for loop, items in by_loop.items():
         try:
             loop.call_soon_threadsafe(_resolve_futures, items)

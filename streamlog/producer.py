@@ -45,7 +45,7 @@ import threading
 import time
 
 from . import validate
-from .appender import Pending, Piece
+from .appender import Pending, Piece, resolve_on_loops
 from .errors import (BufferFull, InvalidAppend, InvalidArgument, LogClosed, ProducerTimeout,
                      ReadOnlyLog, StreamLogError)
 from .config import LogConfig
@@ -638,18 +638,5 @@ def _call_back(fn, handle) -> None:
 
 
 def _wake_loops(items) -> None:
-    """Resolve asyncio futures from another thread: one call_soon_threadsafe per loop."""
-    by_loop: dict = collections.defaultdict(list)
-    for loop, future in items:
-        by_loop[loop].append(future)
-    for loop, futures in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_set_all, futures)
-        except RuntimeError:  # the loop was closed; nobody is waiting any more
-            pass
-
-
-def _set_all(futures) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_result(None)
+    """Set (loop, future) futures done, from another thread (appender.resolve_on_loops)."""
+    resolve_on_loops([(loop, (future, None, None)) for loop, future in items])

@@ -237,16 +237,8 @@ def _snappy(cramjam, data: bytes) -> bytes:
 
 def _varint(buf, position: int) -> tuple[int, int]:
     """A zigzag varint at `position`: (value, next position)."""
-    shift = result = 0
-    while True:
-        byte = buf[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), position
-        shift += 7
-        if shift > 63:
-            raise ValueError("a varint longer than 10 bytes")
+    raw, position = _uvarint(buf, position)
+    return (raw >> 1) ^ -(raw & 1), position
 
 
 def _decode_records(body: bytes, count: int, base_ts: int):
