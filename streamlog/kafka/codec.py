@@ -12,7 +12,13 @@ only frames and dispatches:
     body is buffered (as our own port does).
   - `parse_request(frame)` reads api key and version, refuses what `SERVED` does not
     list (UnsupportedRequest, with an UNSUPPORTED_VERSION response when Kafka's schema
-    has one for that key and version), then parses header and body with kio.
+    has one for that key and version), then parses header and body as Kafka's broker
+    does: a tagged field whose tag the schema does not know is skipped (KIP-482: a
+    client may send tags a broker does not know; librdkafka's Metadata v9 for all topics
+    ends in bytes that read as one), and bytes after a whole request are ignored.
+    kio's native reader refuses unknown tags, so it parses first (the common case, fast)
+    and `_lenient_reader`, the same walk over kio's schema with unknown tags skipped,
+    parses what it refused; kio reads every primitive field in both.
   - `encode_response(request, body)` picks the response header version (the body's,
     except that ApiVersions always answers with header v0, as Kafka's brokers do) and
     returns the framed bytes.
@@ -36,6 +42,11 @@ import uuid
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import classify_field, get_field_tag, is_optional
+from kio.serial._parse import get_field_reader
+from kio.serial.readers import (read_compact_array_length, read_int8,
+                                read_legacy_array_length, read_unsigned_varint)
+from kio.static.constants import EntityType
 
 from .errors import ErrorCode, FrameTooLarge, KafkaProtocolError, UnsupportedRequest
 
@@ -137,14 +148,11 @@ def parse_request(frame: bytes) -> Request:
                 api_key, version, correlation_id))
     schema = load_request_schema(api_key, version)
     try:
-        header, used = _reader(schema.__header_schema__)(frame, 0)
-        body, size = _reader(schema)(frame, used)
-    except Exception as error:  # kio's parser raises several kinds for bad bytes
+        header, used = _parse(schema.__header_schema__, frame, 0)
+        body, _size = _parse(schema, frame, used)  # bytes after it: ignored, as by Kafka
+    except Exception as error:  # kio's readers raise several kinds for bad bytes
         raise KafkaProtocolError(f"{served[0]} v{version} does not parse: "
                                  f"{type(error).__name__}: {error}") from None
-    if used + size != len(frame):
-        raise KafkaProtocolError(f"{served[0]} v{version}: {len(frame) - used - size} "
-                                 f"bytes after the request")
     return Request(api_key, version, correlation_id, header.client_id, body)
 
 
@@ -190,6 +198,108 @@ def _unsupported_response(api_key: int, version: int, correlation_id: int) -> by
 def api_versions_list() -> list[dict]:
     return [{"api_key": key, "min_version": low, "max_version": high}
             for key, (_name, low, high) in sorted(SERVED.items())]
+
+
+# -- reading requests ------------------------------------------------------------------
+
+def _parse(schema, frame: bytes, offset: int):
+    """(entity, size) of `schema` at `offset`: kio's native reader, or when it refuses
+    the bytes (an unknown tagged field, or garbage), the lenient one, whose error is
+    the one reported."""
+    try:
+        return _reader(schema)(frame, offset)
+    except Exception:
+        return _lenient_reader(schema)(frame, offset)
+
+
+@functools.cache
+def _lenient_reader(schema):
+    """A reader of `schema` (a request, its header or a nested struct) that skips the
+    tagged fields it does not know, as Kafka's generated readers do. Fields are read in
+    the schema's order: the untagged ones, then in a flexible version the tagged-field
+    section (a count, then tag, size and value of each): an unknown tag's value is
+    skipped by its size, a known one's is read; tagged fields not sent keep their
+    defaults."""
+    is_header = schema.__type__ is EntityType.header
+    untagged, tagged = [], {}
+    for field in dataclasses.fields(schema):
+        tag = get_field_tag(field)
+        read = _lenient_field_reader(schema, field, is_header, tag is not None)
+        if tag is None:
+            untagged.append((field.name, read))
+        else:
+            tagged[tag] = (field.name, read)
+    flexible = schema.__flexible__
+
+    def read(buffer, offset: int):
+        start = offset
+        values = {}
+        for name, read_field in untagged:
+            values[name], size = read_field(buffer, offset)
+            offset += size
+        if flexible:
+            count, size = read_unsigned_varint(buffer, offset)
+            offset += size
+            for _ in range(count):
+                tag, size = read_unsigned_varint(buffer, offset)
+                offset += size
+                length, size = read_unsigned_varint(buffer, offset)
+                offset += size
+                end = offset + length
+                if end > len(buffer):
+                    raise KafkaProtocolError(f"tagged field {tag} of {schema.__name__}: "
+                                             f"{length} bytes, past the request's end")
+                known = tagged.get(tag)
+                if known is None:
+                    offset = end
+                else:  # read as its schema says, the size not consulted (as Kafka, kio)
+                    name, read_field = known
+                    values[name], size = read_field(buffer, offset)
+                    offset += size
+        return schema(**values), offset - start
+
+    return read
+
+
+def _lenient_field_reader(schema, field, is_header: bool, is_tagged: bool):
+    """The reader of one field: kio's for primitives and arrays of them; for a struct
+    or an array of structs, the lenient reader of the struct (kio's would refuse an
+    unknown tag inside it)."""
+    kind = classify_field(field)
+    if not dataclasses.is_dataclass(kind.type_):
+        return get_field_reader(schema, field, is_header, is_tagged)
+    item = _lenient_reader(kind.type_)
+    if not kind.is_array:
+        if not is_optional(field):
+            return item
+
+        def read_nullable(buffer, offset: int):  # a nullable struct: int8 -1 or 1 first
+            marker, size = read_int8(buffer, offset)
+            if marker < 0:
+                return None, size
+            value, used = item(buffer, offset + size)
+            return value, size + used
+
+        return read_nullable
+    read_length = read_compact_array_length if schema.__flexible__ else \
+        read_legacy_array_length
+
+    def read_array(buffer, offset: int):
+        length, size = read_length(buffer, offset)
+        if length is None or length < 0:
+            if not is_optional(field):
+                raise KafkaProtocolError(f"{schema.__name__}.{field.name} is null")
+            return None, size
+        start = offset
+        offset += size
+        items = []
+        for _ in range(length):
+            value, size = item(buffer, offset)
+            items.append(value)
+            offset += size
+        return tuple(items), offset - start
+
+    return read_array
 
 
 # -- building entities from plain values ------------------------------------------------

@@ -4,15 +4,19 @@ group state machine and the broker's answers over a local log."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import gzip
 import io
 import random
 import struct
+import uuid
 
 import crc32c
 import pytest
-from kio.index import load_request_schema, load_response_schema
+from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import classify_field, get_field_tag, is_optional
 
 import streamlog
 from streamlog.kafka import codec, records
@@ -85,8 +89,171 @@ def test_garbage_is_a_protocol_error():
     for frame in (b"", b"\x00\x12", b"\x00\x03\x00\x01\x00\x00\x00\x01\xff\xff\xff"):
         with pytest.raises(KafkaProtocolError):
             codec.parse_request(frame)
-    with pytest.raises(KafkaProtocolError):  # a whole request plus stray bytes
-        codec.parse_request(request_bytes(18, 0) + b"x")
+
+
+# Requests as Kafka's broker parses them: unknown tagged fields skipped (KIP-482), bytes
+# after a whole request ignored. The bytes are spelled out, as a client sends them.
+
+def uvarint(number: int) -> bytes:
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    return bytes(out) + bytes([number])
+
+
+def compact_string(text: str) -> bytes:
+    data = text.encode()
+    return uvarint(len(data) + 1) + data
+
+
+def tags(*fields: tuple[int, bytes]) -> bytes:
+    """A tagged-field section: the count, then tag, size and value of each."""
+    return uvarint(len(fields)) + b"".join(uvarint(tag) + uvarint(len(value)) + value
+                                           for tag, value in fields)
+
+
+def header_v2(api_key: int, version: int, correlation_id: int, client_id: str,
+              *fields: tuple[int, bytes]) -> bytes:
+    return (struct.pack(">hhih", api_key, version, correlation_id, len(client_id))
+            + client_id.encode() + tags(*fields))
+
+
+# librdkafka 2.16's Metadata v9 requests, as sent by confluent-kafka. For all topics the
+# topic array's null (varint 0) fills one byte of a four-byte slot and the other three
+# stay zero, so the booleans and the tagged-field count are read from the wrong bytes.
+RDKAFKA_ALL_TOPICS_ADMIN = bytes.fromhex(  # AdminClient.list_topics()
+    "0003000900000003000772646b61666b6100" "00000000" "010000" "00")
+RDKAFKA_ALL_TOPICS_CONSUMER = bytes.fromhex(  # a regex subscription's refresh
+    "0003000900000004000772646b61666b6100" "00000000" "000000" "00")
+RDKAFKA_BROKERS_ONLY = bytes.fromhex(  # the first request on a connection: no topics
+    "0003000900000002000772646b61666b6100" "01" "000000" "00")
+
+
+def test_librdkafka_metadata_v9_for_all_topics_parses_as_kafka_parses_it():
+    # admin: the count byte is 01 (allow_auto_topic_creation), read as one tagged field
+    # of tag 0 and size 0 (skipped), then one byte is left over (ignored)
+    request = codec.parse_request(RDKAFKA_ALL_TOPICS_ADMIN)
+    assert (request.name, request.api_version, request.correlation_id,
+            request.client_id) == ("Metadata", 9, 3, "rdkafka")
+    assert request.body.topics is None  # all topics
+    assert not request.body.allow_auto_topic_creation
+    # consumer: no tagged field, three bytes left over (ignored)
+    request = codec.parse_request(RDKAFKA_ALL_TOPICS_CONSUMER)
+    assert request.correlation_id == 4 and request.body.topics is None
+    request = codec.parse_request(RDKAFKA_BROKERS_ONLY)
+    assert request.correlation_id == 2 and request.body.topics == ()
+
+
+def fetch_v12(header_tags=(), top_tags=(), topic_tags=(), partition_tags=()) -> bytes:
+    """Fetch v12 for partition 2 of "clicks" from offset 40, the tagged-field sections
+    as given."""
+    partition = struct.pack(">iiqiqi", 2, -1, 40, -1, -1, 1 << 20) + tags(*partition_tags)
+    topic = compact_string("clicks") + uvarint(2) + partition + tags(*topic_tags)
+    return (header_v2(1, 12, 11, "probe", *header_tags)
+            + struct.pack(">iiiibii", -1, 500, 1, 1 << 20, 0, 0, -1)
+            + uvarint(2) + topic  # topics
+            + uvarint(1)  # forgotten_topics_data: empty
+            + compact_string("rack-a")
+            + tags(*top_tags))
+
+
+def test_unknown_tagged_fields_are_skipped_in_the_header_at_top_level_and_nested():
+    plain = codec.parse_request(fetch_v12())
+    assert plain.body.cluster_id is None
+    request = codec.parse_request(fetch_v12(
+        header_tags=[(3, b"\x01\x02")],
+        top_tags=[(0, compact_string("our-cluster")), (9, b"unknown"), (300, b"")],
+        topic_tags=[(1, b"\xff" * 200)],  # a size of two varint bytes
+        partition_tags=[(5, b"xyz"), (6, uvarint(1 << 20))]))
+    assert (request.name, request.correlation_id, request.client_id) == ("Fetch", 11, "probe")
+    assert request.body.cluster_id == "our-cluster"  # the one tag Fetch v12 knows: kept
+    assert dataclasses.replace(request.body, cluster_id=None) == plain.body
+    [topic] = request.body.topics
+    [partition] = topic.partitions
+    assert (topic.topic, partition.partition, partition.fetch_offset,
+            request.body.rack_id) == ("clicks", 2, 40, "rack-a")
+    # Metadata v9 naming a topic, an unknown tag on the topic and on the request
+    frame = (header_v2(3, 9, 12, "probe") + uvarint(2) + compact_string("views")
+             + tags((0, b"\x00")) + b"\x01\x00\x01" + tags((4, b"abcd")))
+    request = codec.parse_request(frame)
+    assert [t.name for t in request.body.topics] == ["views"]
+    assert request.body.allow_auto_topic_creation
+    assert request.body.include_topic_authorized_operations
+
+
+def test_bytes_after_a_whole_request_are_ignored():
+    for frame in (request_bytes(18, 0), request_bytes(18, 3, client_software_name="x"),
+                  request_bytes(3, 1, topics=[{"name": "events"}]),
+                  request_bytes(3, 9, topics=[{"name": "events"}]), fetch_v12()):
+        assert codec.parse_request(frame + b"\x00\x07stray") == codec.parse_request(frame)
+
+
+def test_an_unknown_tagged_field_past_the_end_is_a_protocol_error():
+    with pytest.raises(KafkaProtocolError, match="past the request's end"):
+        codec.parse_request(fetch_v12(top_tags=[(9, b"abc")])[:-2])
+    with pytest.raises(KafkaProtocolError, match="does not parse"):  # cut in a partition
+        codec.parse_request(fetch_v12(partition_tags=[(5, b"xyz")])[:70])
+
+
+def _sample(cls, variant: int):
+    """An entity of `cls` with every field set, tagged ones included, to a value other
+    than its default; in variant 1 every nullable field is null instead."""
+    scalars = {"bool": True, "bytes": b"\x01\x02", "records": b"rec", "float64": 1.5,
+               "int8": 3, "int16": 300, "int32": 70000, "int64": 1 << 40, "uint16": 65000,
+               "string": "name", "uuid": uuid.UUID(int=12345),
+               "timedelta_i32": datetime.timedelta(milliseconds=250),
+               "timedelta_i64": datetime.timedelta(milliseconds=1 << 33)}
+    values = {}
+    for field in dataclasses.fields(cls):
+        kind = classify_field(field)
+        if variant == 1 and is_optional(field):
+            values[field.name] = None
+            continue
+        if dataclasses.is_dataclass(kind.type_):
+            one = _sample(kind.type_, variant)
+        else:
+            one = scalars[field.metadata["kafka_type"]]
+        values[field.name] = (one, one) if kind.is_array else one
+    return cls(**values)
+
+
+def _request_schemas():
+    for api_key in range(100):
+        for version in range(30):
+            try:
+                yield load_request_schema(api_key, version)
+            except KioIndexError:  # no such key or version
+                continue
+
+
+def test_lenient_reader_reads_every_request_schema_as_kio_does():
+    schemas = list(_request_schemas())
+    assert len(schemas) > 250
+    tagged = nested_nullable = 0
+    for schema in schemas:
+        for variant in (0, 1):
+            for cls, entity in ((schema.__header_schema__, _sample(
+                    schema.__header_schema__, variant)), (schema, _sample(schema, variant))):
+                out = io.BytesIO()
+                entity_writer(cls)(out, entity)
+                data = b"\x00" + out.getvalue()  # not at offset 0
+                expected = entity_reader(cls)(data, 1)
+                assert expected[0] == entity
+                assert codec._lenient_reader(cls)(data, 1) == expected, (cls, variant)
+        fields = [(s, f) for s in _entity_classes(schema) for f in dataclasses.fields(s)]
+        tagged += any(get_field_tag(f) is not None for _s, f in fields)
+        nested_nullable += any(dataclasses.is_dataclass(classify_field(f).type_)
+                               and is_optional(f) for _s, f in fields)
+    assert tagged and nested_nullable  # both were exercised
+
+
+def _entity_classes(cls):
+    yield cls
+    for field in dataclasses.fields(cls):
+        kind = classify_field(field)
+        if dataclasses.is_dataclass(kind.type_):
+            yield from _entity_classes(kind.type_)
 
 
 def test_unsupported_version_answers_unsupported_version():
