@@ -58,6 +58,11 @@ class LogConfig:
     # A follower at the end of a writable log looks this often for what writers in
     # other processes appended (its own process's appends wake it at once).
     follow_poll_s: float = 0.1
+    # A follower of a read-only view looks this often at the partition's commit lock
+    # (its change counter: a memory read) and refreshes the partition when a writer
+    # has been there. The look costs no lock and no system call, so it is more
+    # frequent; what an idle follower costs is its wake-ups (bench/follow.py).
+    view_poll_s: float = 0.01
     # Readers read segments in chunks of this many bytes.
     read_chunk_bytes: int = 8 * 1024 * 1024
     partitions_max: int = 4096
@@ -101,9 +106,11 @@ class LogConfig:
                 not _is_int(self.scrub_bytes_per_s) or self.scrub_bytes_per_s <= 0):
             raise InvalidArgument(f"scrub_bytes_per_s must be a positive integer or None "
                                   f"(got {self.scrub_bytes_per_s!r})")
-        if not _is_number(self.follow_poll_s) or not 0 < self.follow_poll_s <= 60:
-            raise InvalidArgument(f"follow_poll_s must be a number of seconds in (0, 60] "
-                                  f"(got {self.follow_poll_s!r})")
+        for name in ("follow_poll_s", "view_poll_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value <= 60:
+                raise InvalidArgument(f"{name} must be a number of seconds in (0, 60] "
+                                      f"(got {value!r})")
         if not _is_number(self.scrub_interval_s) or self.scrub_interval_s < 0:
             raise InvalidArgument(f"scrub_interval_s must be a number of seconds >= 0 "
                                   f"(got {self.scrub_interval_s!r})")

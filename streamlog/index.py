@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import os
 import struct
 import threading
@@ -66,6 +67,8 @@ from .errors import CorruptIndex
 from .payload import NO_TIME as NO_HWM  # noqa: F401 - the index speaks of NO_HWM
 from .fileio import OsFileIO, write_file_atomic
 from .seal import SealDamaged, decode_seal, encode_seal, hash_file
+
+log = logging.getLogger("streamlog.index")
 
 _KEY = struct.Struct(">Q")
 _ENTRY = struct.Struct("<QQIIqqq")
@@ -296,11 +299,15 @@ class IndexStore(Protocol):
 
 class Index:
     def __init__(self, path: str, *, readonly: bool, map_bytes: int,
-                 probe_unsealed=lambda: True) -> None:
+                 probe_unsealed=lambda: True, storage=None) -> None:
         """`probe_unsealed()` says whether an index without a seal must be probed in a
-        child process before use (probe_index)."""
+        child process before use (probe_index). `storage`: where the environment
+        lives instead of an LMDB file (`testing.memindex.MemoryIndexStorage`: the same
+        index logic on storage a simulated power loss rolls back); it has no seal and
+        needs no probe."""
         self.path = path
         self.readonly = readonly
+        self.storage = storage
         self._env = None
         self._overlay: list[IndexEntry] = []
         self._overlay_bases: list[int] = []
@@ -315,8 +322,12 @@ class Index:
         # it lacks is then truly absent, not lost to a damaged page.
         self.verified = False
         self.reopened_txns: list[int] = []
+        self.stale_entries_dropped = 0  # times put found entries no frame backs
         # Tags whose latest commit a drop_from cut off (the partition re-derives them).
         self.dropped_commits: list[str] = []
+        if storage is not None:
+            self._open_in(storage)
+            return
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             self.last_entry = None
             return
@@ -348,6 +359,23 @@ class Index:
             _SHARED[os.path.realpath(path)] = _Shared(
                 self._env, not readonly, 1, (self._offsets, self._times, self._meta,
                                              self._txns, self._open), self.verified)
+
+    def _open_in(self, storage) -> None:
+        """Open the environment `storage` holds for this path (see __init__)."""
+        self.verified = True  # nothing can damage it but the index's own writes
+        if self.readonly and not storage.exists(self.path):
+            self.last_entry = None
+            return
+        try:
+            self._env = storage.open(self.path, readonly=self.readonly)
+            self._offsets, self._times, self._meta, self._txns, self._open = (
+                self._env.open_db(name, create=not self.readonly)
+                for name in (b"offsets", b"times", b"meta", b"txns", b"open"))
+            self._check_format()
+            self.last_entry = self._last_stored()
+        except (lmdb.Error, CorruptIndex) as error:
+            self._env = None
+            raise CorruptIndex(f"cannot open index {self.path}: {error}") from None
 
     def _borrow(self) -> bool:
         """A read-only open of an index this process has open read-only already (LMDB
@@ -471,12 +499,22 @@ class Index:
                     self._overlay_commits[tag] = (first, bytes(marker))
         else:
             with self._write() as txn:
-                cursor = txn.cursor(self._offsets)
-                cursor.putmulti([_entry_item(e) for e in entries], append=True)
-                time_cursor = txn.cursor(self._times)
-                time_cursor.putmulti([(k, _seal(k, _KEY.pack(b)))
-                                      for k, b in ((_time_key(h), b) for h, b in times)],
-                                     append=True)
+                items = [_entry_item(e) for e in entries]
+                time_items = [(k, _seal(k, _KEY.pack(b)))
+                              for k, b in ((_time_key(h), b) for h, b in times)]
+                if not self._append(txn, items, time_items):
+                    # Entries at or past these offsets, or time keys at or past these
+                    # marks, outlived the frames they described (MDB_APPEND refuses to
+                    # add before them, silently). The frames being indexed are the
+                    # truth: forget everything from them on, then add them.
+                    log.warning("index %s held entries past offset %d that no frame "
+                                "backs: dropped", self.path, entries[0].base_offset
+                                if entries else -1)
+                    self.stale_entries_dropped += 1
+                    self._drop_keys_from(txn, self._offsets, items[0][0] if items else None)
+                    self._drop_keys_from(txn, self._times,
+                                         time_items[0][0] if time_items else None)
+                    assert self._append(txn, items, time_items)
                 if recovery is not None:
                     txn.put(b"recovery", _seal(b"recovery", _RECOVERY.pack(*recovery)),
                             db=self._meta)
@@ -484,6 +522,23 @@ class Index:
                     self._apply_event(txn, txn_id, state, first, tag, marker)
         if entries:
             self.last_entry = entries[-1]
+
+    def _append(self, txn, items: list, time_items: list) -> bool:
+        """Append entries and time keys after every stored one; False (nothing or part
+        added) when a stored key is not below the first new one."""
+        added = txn.cursor(self._offsets).putmulti(items, append=True)[1] if items else 0
+        timed = txn.cursor(self._times).putmulti(time_items, append=True)[1] \
+            if time_items else 0
+        return added == len(items) and timed == len(time_items)
+
+    @staticmethod
+    def _drop_keys_from(txn, db, key: bytes | None) -> None:
+        if key is None:
+            return
+        cursor = txn.cursor(db)
+        if cursor.set_range(key):
+            while cursor.delete():
+                pass
 
     def _apply_event(self, txn, txn_id, state, offset, tag, marker) -> None:
         key = _KEY.pack(txn_id)
@@ -636,6 +691,14 @@ class Index:
         if self.last_entry is not None and self.last_entry.next_offset > offset:
             return False
         with self._read() as txn:
+            # (what is stored, not only what this object last wrote: an entry or a time
+            # key at or past `offset` must go whoever left it)
+            for db in (self._offsets, self._times):
+                cursor = txn.cursor(db)
+                if cursor.last() and (db == self._times and _time_value(
+                        cursor.key(), cursor.value()) >= offset or db == self._offsets
+                        and _KEY.unpack(bytes(cursor.key()))[0] >= offset):
+                    return False
             for key, value in txn.cursor(self._txns):
                 _, first, marker_at = _TXN.unpack(_open(key, value, _TXN.size))
                 if first >= offset or marker_at >= offset:
@@ -811,6 +874,12 @@ class Index:
     def close(self, *, seal: bool = False) -> None:
         """Close; `seal` (a writer's clean close) syncs and seals the file."""
         if self._env is None:
+            return
+        if self.storage is not None:
+            env, self._env = self._env, None
+            if seal and not self.readonly:
+                env.sync(True)
+            env.close()
             return
         if seal and not self.readonly:
             try:

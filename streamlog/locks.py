@@ -20,7 +20,9 @@ open recovers from the segments). A holder about to change the partition's files
 the counter first, so a writer that finds a counter other than the one it left knows
 another process has been there (even one killed half-way) and catches up before it
 writes (partition.py): from the tail state alone when the last holder let go cleanly
-and the segment set is as it knows it, otherwise by reading what was added.
+and the segment set is as it knows it, otherwise by reading what was added. A
+read-only view's follower reads the counter between waits (`moved`) and refreshes
+only when it changed.
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ class PartitionLock:
         """This process has taken in everything up to now (a view after refreshing)."""
         if self.handle is not None:
             self.seen = self._fields()[0]
+
+    def moved(self) -> bool:
+        """Has the counter changed since this process last took the partition in? A
+        hint, read without the lock and without a system call, from any thread (a
+        follower asks between waits); whoever acts on it looks under the lock. Never a
+        false "no" while the lock is open: a holder bumps the counter before it changes
+        any file. True when the file is not mapped yet (the look under the lock maps
+        it), False once the lock is closed."""
+        mapping = self._map
+        if mapping is None:
+            return self.handle is not None
+        try:
+            return _U64.unpack_from(mapping, 0)[0] != self.seen
+        except ValueError:  # closed by another thread meanwhile
+            return False
 
     def release(self) -> None:
         if self.held and self.handle is not None:

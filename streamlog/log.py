@@ -46,18 +46,22 @@ FORMAT = {"format": "streamlog", "version": 1}
 
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
              config: LogConfig | None = None, fileio=None, progress=None, clock=None,
-             **options) -> "Log":
+             index_storage=None, **options) -> "Log":
     """Open (and by default create) the log at directory `path`, or connect to the
     daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN).
 
     Args:
         fsync: "always" | "interval" | "never" (see FsyncPolicy).
         readonly: a view: never modifies a file (several processes may write the
-            log; a view follows them with refresh()).
+            log; a following reader of a view takes their appends in by itself, and
+            refresh() takes everything in).
         create: create the directory when missing.
         config: a LogConfig; keyword `options` override its fields.
         progress: called with (partition name, bytes scanned) during recovery.
         clock: where time comes from (streamlog.clock.Clock; the machine's by default).
+        index_storage: where the partitions' indexes live instead of LMDB files (tests:
+            streamlog.testing.memindex.MemoryIndexStorage, which a simulated power loss
+            rolls back with the files).
     Raises:
         InvalidArgument for a bad option, StreamLogError when the directory is not a
         log, LogLocked when this process has it open for writing already (share that
@@ -79,13 +83,15 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     except TypeError as error:
         raise InvalidArgument(str(error)) from None
     return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
-               fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK)
+               fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK,
+               index_storage=index_storage)
 
 
 class Log:
     def __init__(self, path: str, config: LogConfig, *, readonly: bool, create: bool,
-                 fileio, progress=None, clock=SYSTEM_CLOCK) -> None:
+                 fileio, progress=None, clock=SYSTEM_CLOCK, index_storage=None) -> None:
         self.path = path
+        self.index_storage = index_storage
         self.config = config
         self.readonly = readonly
         self.fileio = fileio
@@ -95,6 +101,9 @@ class Log:
         self._settled = False
         self._round_robin: dict[str, int] = {}
         self._streams: dict[str, list[Partition]] = {}
+        # A view's partitions that were opened again while readers still held them
+        # (closed once none does: _reopened).
+        self._retired: list[Partition] = []
         self.closed = False
         self.scrubber = None
         try:
@@ -214,16 +223,19 @@ class Log:
             layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
             self.config, self.fileio, readonly=self.readonly, alone=alone,
             probe_unsealed=self._probe_unsealed, clock=self.clock,
-            progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
+            index_storage=self.index_storage, progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
             if progress else None)
 
     def refresh(self) -> None:
         """A read-only view follows the writer (in another process): new streams, and
         in every partition the frames and segments added and the segments retention
         removed since the open or the last refresh. A partition that was truncated
-        meanwhile is reopened (its readers then get OffsetOutOfRange). Far cheaper than
-        reopening the log. A writable log takes in what writers in other processes
-        appended (its own appends are always current)."""
+        meanwhile is reopened (a follower goes on in the new one, or gets
+        OffsetOutOfRange when records it delivered were cut; other readers finish
+        what they started). Far cheaper than reopening the log. A following reader
+        does this for its own partition without being asked (Reader.wait). A
+        writable log takes in what writers in other processes appended (its own
+        appends are always current)."""
         if not self.readonly:
             self._check_open()
             for name in self._stream_names():
@@ -240,8 +252,22 @@ class Log:
             for name, partitions in self._streams.items():
                 for number, part in enumerate(partitions):
                     if not part.refresh():
-                        partitions[number] = self._open_partition(name, number)
-                        part.close()
+                        self._reopened(name, number, part)
+
+    def _reopened(self, stream: str, number: int, stale: Partition) -> Partition:
+        """A view's partition `number` of `stream` as it is now: opened again when the
+        one here is still `stale` (it could not follow the files in place), else the
+        one here. The stale one is closed once no reader holds it. Any thread (a
+        following Reader asks); LogClosed once the log is closed."""
+        with self._lock:
+            self._check_open()
+            partitions = self._streams[stream]
+            if partitions[number] is stale:
+                partitions[number] = self._open_partition(stream, number)
+                stale.retire()
+                self._retired.append(stale)
+            self._retired = [part for part in self._retired if not part.close_if_idle()]
+            return partitions[number]
 
     def create_stream(self, name: str, partitions: int = 1) -> int:
         """Create stream `name` with `partitions` partitions; a no-op when it exists
@@ -504,7 +530,23 @@ class Log:
         Raises OffsetOutOfRange for a start before the log start (retention) or past
         its end; InvalidArgument for wrong types or both bounds of one kind given.
         """
-        part = self.partition(stream, partition)
+        options = dict(from_offset=from_offset, from_timestamp_us=from_timestamp_us,
+                       to_offset=to_offset, to_timestamp_us=to_timestamp_us, follow=follow,
+                       data_only=data_only, read_committed=read_committed)
+        if not self.readonly:
+            return self._reader(self.partition(stream, partition), stream, **options)
+        with self._lock:  # a view: not on a partition that is being replaced
+            part = self.partition(stream, partition)
+            if part.stale:
+                part = self._reopened(stream, partition, part)
+            # Its follower takes in new frames by itself, and goes on in the partition
+            # opened again when this one cannot follow the files (a truncate).
+            return self._reader(part, stream, **options,
+                                reopen=functools.partial(self._reopened, stream, partition))
+
+    def _reader(self, part: Partition, stream: str, *, from_offset, from_timestamp_us,
+                to_offset, to_timestamp_us, follow, data_only, read_committed,
+                reopen=None) -> Reader:
         if from_offset is not None and from_timestamp_us is not None:
             raise InvalidArgument("give from_offset or from_timestamp_us, not both")
         if to_offset is not None and to_timestamp_us is not None:
@@ -526,7 +568,7 @@ class Log:
                       start_timestamp_us=from_timestamp_us,
                       stop_timestamp_us=None if to_timestamp_us is None else _clamp(
                           to_timestamp_us), follow=follow, data_only=data_only,
-                      read_committed=read_committed, stream=stream)
+                      read_committed=read_committed, stream=stream, reopen=reopen)
 
     def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us (the end if none)."""
@@ -687,6 +729,9 @@ class Log:
             if self.scrubber is not None:
                 self.scrubber.stop()
             self._close_partitions()
+            for part in self._retired:
+                part.close()
+            self._retired = []
             self.closed = True
             self._release_lock()
 

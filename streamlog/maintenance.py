@@ -17,6 +17,14 @@ checks in check.py).
 Retention deletes whole segments from the oldest on, while the log is over its size
 bound or a segment's records are all older than the age bound, never the active
 segment and never one holding an offset a reader holds.
+
+What retention removes cannot be read again, yet a seek by time still needs its running
+max (DESIGN 5: the high-water mark of a record counts every record before it). So before
+a segment goes, retention makes the running max at the next segment's base durable in
+`start.hwm` beside the segments: JSON {"marks": [[start offset, running max], ...]}, the
+last two starts, so a crash between the file and the delete leaves the mark of the start
+the partition still has. It is not in the index: the index is a cache, rebuilt from
+segments that no longer hold those records.
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ from . import fileio as fileio_module
 from . import recovery as recovery_module
 from .frame import encode_frame
 from .index import NO_HWM, Index, IndexEntry
-from .payload import Columns, columns_to_records, encode_payload
+from .payload import Columns, advance_hwm, columns_to_records, encode_payload, frame_time_us
 from .segments import Segments
+from .walk import walk
 
 INTENT_NAME = "truncate.intent"
+START_MARKS_NAME = "start.hwm"
+START_MARKS_KEPT = 2
 
 
 # -- truncate_after ---------------------------------------------------------------------
@@ -179,12 +190,61 @@ class Retained:
     start_hwm_us: int | None
 
 
+def read_start_marks(fileio, directory: str) -> dict[int, int]:
+    """{start offset: running max timestamp of every record before it} that retention
+    recorded; {} when there is none. Raises ValueError when the file is damaged."""
+    path = os.path.join(directory, START_MARKS_NAME)
+    if not fileio.exists(path):
+        return {}
+    found = json.loads(fileio_module.read_file(fileio, path))
+    marks = found.get("marks") if isinstance(found, dict) else None
+    if not isinstance(marks, list) or not all(
+            isinstance(m, list) and len(m) == 2 and all(type(v) is int for v in m)
+            for m in marks):
+        raise ValueError(f"{path} is not a list of start marks")
+    return {start: hwm for start, hwm in marks}
+
+
+def _write_start_mark(fileio, directory: str, marks: dict[int, int], start: int,
+                      hwm_us: int) -> dict[int, int]:
+    marks = dict(sorted({**marks, start: hwm_us}.items())[-START_MARKS_KEPT:])
+    fileio_module.write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
+                                    json.dumps({"marks": [[s, h] for s, h in
+                                                          marks.items()]}).encode())
+    return marks
+
+
+def _hwm_after(segment, index: Index, hwm_us: int | None, end_offset: int,
+               chunk_bytes: int) -> int | None:
+    """The running max after `segment` (which ends at `end_offset`), from the index
+    when it covers the segment's last batch, else from the segment's own frames."""
+    last = index.lookup_offset(end_offset - 1)
+    if last is not None and last.next_offset == end_offset and (
+            index.verified or last.base_offset >= segment.base_offset):
+        return hwm_us if last.hwm_after_us == NO_HWM else advance_hwm(hwm_us,
+                                                                      last.hwm_after_us)
+    running = hwm_us
+
+    def take(_, frames) -> None:
+        nonlocal running
+        for frame in frames:
+            running = advance_hwm(running, frame_time_us(frame))
+
+    walk([segment], number=0, position=0, next_offset=segment.base_offset,
+         chunk_bytes=chunk_bytes, on_frames=take)
+    return running
+
+
 def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
                     retention_age_s: float | None, retention_bytes: int | None,
-                    hold: int | None, now_us: int) -> Retained:
+                    hold: int | None, now_us: int, start_hwm_us: int | None = None,
+                    chunk_bytes: int = 1 << 20) -> Retained:
     """Delete segments from the oldest on while over a bound (see the module docstring).
-    `hold`: the lowest offset a reader holds (None: no reader)."""
+    `hold`: the lowest offset a reader holds (None: no reader). `start_hwm_us`: the
+    running max of what earlier retention removed."""
     result = Retained(segments, [], None)
+    marks: dict[int, int] | None = None
+    running = start_hwm_us
     total = segments.size_bytes()
     while len(result.segments) > 1:
         oldest, following = result.segments[0], result.segments[1]
@@ -198,14 +258,21 @@ def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
         too_big = retention_bytes is not None and total > retention_bytes
         if not (too_old or too_big):
             break
+        running = _hwm_after(oldest, index, running, following.base_offset, chunk_bytes)
+        if running is not None:  # made durable before the records go
+            if marks is None:
+                try:
+                    marks = read_start_marks(fileio, directory)
+                except ValueError:
+                    marks = {}
+            marks = _write_start_mark(fileio, directory, marks, following.base_offset,
+                                      running)
+            result.start_hwm_us = running
         doomed = oldest.path + ".deleted"
         oldest.unseal()
         fileio.rename(oldest.path, doomed)
         fileio.fsync_dir(directory)
         result.segments = result.segments[1:]
-        if last is not None and last.hwm_after_us != NO_HWM:
-            result.start_hwm_us = last.hwm_after_us
-            index.set_meta("start_hwm", str(last.hwm_after_us).encode())
         index.drop_before(following.base_offset)
         oldest.close()
         fileio.unlink(doomed)

@@ -8,7 +8,8 @@ in one assignment after every change, through a `view.View`. Opening runs recove
 writable. Every change to the files (a commit, a roll, truncate_after and retention,
 which run as jobs on the writer thread between groups of appends, through
 maintenance.py) holds the commit lock (locks.py) and first takes in what writers in
-other processes did. A read-only view follows a writer with `refresh`.
+other processes did. A read-only view follows writers with `refresh`, which its
+followers call themselves when the commit lock's counter moved (`poll`).
 
 States (`state`): "open"; "failed" (a write or fsync failed: appends are refused until
 the log is reopened, reads go on); "closed".
@@ -31,8 +32,9 @@ from .txn import (TxnState, encode_begin, encode_commit, encode_epoch, new_txn_i
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from . import recovery as recovery_module
-from .errors import (CorruptIndex, InvalidArgument, LogClosed, OffsetOutOfRange,
-                     PartitionFailed, ProducerFenced, ReadOnlyLog)
+from .errors import (CorruptFrame, CorruptIndex, InvalidArgument, LogClosed,
+                     OffsetOutOfRange, PartitionFailed, ProducerFenced, ReadOnlyLog)
+from .frame import HEADER_BYTES, INCOMPLETE, decode_header
 from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
@@ -50,9 +52,10 @@ log = logging.getLogger("streamlog.partition")
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
                  fileio, *, readonly: bool, progress=None, probe_unsealed=lambda: True,
-                 clock=SYSTEM_CLOCK, alone: bool = True) -> None:
+                 clock=SYSTEM_CLOCK, alone: bool = True, index_storage=None) -> None:
         """`alone`: no other process has the log open for writing (then a transaction
-        left open is a crashed writer's orphan, and is aborted)."""
+        left open is a crashed writer's orphan, and is aborted). `index_storage`: where
+        the index lives instead of LMDB files (see index.Index)."""
         self.directory = directory
         self.name = name
         self.number = number
@@ -60,6 +63,7 @@ class Partition:
         self.fileio = fileio
         self.readonly = readonly
         self.probe_unsealed = probe_unsealed
+        self.index_storage = index_storage
         self.clock = clock
         # Transactions this process appended data under (their index state is its own).
         self.txns_written_here: set[int] = set()
@@ -70,6 +74,14 @@ class Partition:
         self._exclusive_depth = 0
         self._exclusive = _Exclusive(self)
         self._layout: int | None = None  # the segment-set generation last known here
+        # A view: one refresh at a time in this process (see refresh); `stale` once it
+        # cannot follow the files in place and the Log must open the partition again.
+        self._refresh_lock = threading.Lock()
+        self.stale = False
+        # A view: (segment base, position, header checksum) of its last frame; the
+        # segments retention removed that a reader here may still be reading.
+        self._end_frame: tuple[int, int, int] | None = None
+        self._removed: list[Segment] = []
         if not readonly:
             fileio.makedirs(directory)
         self._index_problem: str | None = None
@@ -91,6 +103,8 @@ class Partition:
                 self.lock.settle()
                 if not readonly:
                     self._leave_tail()
+                else:
+                    self._end_frame = self._end_frame_now()
             finally:
                 self.lock.release()
         except BaseException:
@@ -128,28 +142,37 @@ class Partition:
     def _forget_removed(self) -> None:
         """Index entries of segments that are gone (a crash inside retention, after the
         delete reached the disk and before the index heard of it) are dropped; the
-        running max of what was removed is kept, as retention keeps it."""
+        running max of what was removed is in the start marks (maintenance.py), made
+        durable before the delete."""
         try:
             first = self.index.first_entry()
             if first is None or first.base_offset >= self.start_offset:
                 return
-            last_removed = self.index.lookup_offset(self.start_offset - 1)
-            if last_removed is not None and last_removed.next_offset == self.start_offset \
-                    and last_removed.hwm_after_us != NO_HWM:
-                # (retention records it before it drops the entries; a crash between
-                # the delete and that left an older, lower mark, or none)
-                self.index.set_meta("start_hwm", str(last_removed.hwm_after_us).encode())
-                self._publish(start_hwm_us=last_removed.hwm_after_us)
             self.index.drop_before(self.start_offset)
         except CorruptIndex:
             pass  # recovery has judged the index; reads check every entry they use
 
     def _load_start_hwm(self) -> None:
+        """The running max of the records retention removed: the start mark of the
+        partition's start (None when nothing was removed). A log retention trimmed
+        before start marks existed has it only in its index."""
+        if self.start_offset == 0:
+            self._publish(start_hwm_us=None)
+            return
         try:
-            stored = self.index.get_meta("start_hwm")
-        except CorruptIndex:
-            stored = None
-        self._publish(start_hwm_us=int(stored) if stored and self.start_offset > 0 else None)
+            found = maintenance.read_start_marks(self.fileio, self.directory).get(
+                self.start_offset)
+        except ValueError as error:
+            log.warning("%s: seeks by time before the start's first record may start "
+                        "late", error)
+            found = None
+        if found is None:
+            try:
+                stored = self.index.get_meta("start_hwm")
+            except CorruptIndex:
+                stored = None
+            found = int(stored) if stored else None
+        self._publish(start_hwm_us=found)
 
     def _recover(self, progress) -> None:
         """Run recovery; an index that fails even while being rebuilt is recreated."""
@@ -315,7 +338,7 @@ class Partition:
         path = os.path.join(self.directory, "index")
         try:
             return Index(path, readonly=self.readonly, map_bytes=self.config.index_map_bytes,
-                         probe_unsealed=self.probe_unsealed)
+                         probe_unsealed=self.probe_unsealed, storage=self.index_storage)
         except CorruptIndex as error:
             self._index_problem = str(error)
             log.warning("%s: rebuilding it from the segments", error)
@@ -326,8 +349,12 @@ class Partition:
         the damaged files removed (a cache: rebuilt from the segments) and recreated."""
         if self.readonly:
             return Index(os.path.join(self.directory, "no-index"), readonly=True,
-                         map_bytes=self.config.index_map_bytes)
+                         map_bytes=self.config.index_map_bytes, storage=self.index_storage)
         path = os.path.join(self.directory, "index")
+        if self.index_storage is not None:
+            self.index_storage.remove(path)
+            return Index(path, readonly=False, map_bytes=self.config.index_map_bytes,
+                         storage=self.index_storage)
         for name in os.listdir(path) if os.path.isdir(path) else ():
             os.unlink(os.path.join(path, name))
         if os.path.exists(path + ".seal"):
@@ -469,9 +496,13 @@ class Partition:
 
     def poll(self) -> bool:
         """Take in what other processes appended, now (a follower in this process calls
-        it while it waits at the end). Returns True when the end moved."""
-        if self.readonly or self.closed:
+        it while it waits at the end): a job on the writer thread, or, in a view, a
+        refresh when the commit lock's counter says a writer was here (`_poll_view`).
+        Any thread. Returns True when the end moved."""
+        if self.closed:
             return False
+        if self.readonly:
+            return self._poll_view()
         before = self.next_offset
         try:
             self.run_job(self._poll_job)
@@ -512,12 +543,14 @@ class Partition:
         self._rederive_commits()
         self.ring.reset(self.next_offset)
 
-    def _segments_now(self, end_segment, *, writable: bool) -> list | None:
+    def _segments_now(self, end_segment, *, writable: bool,
+                      removed: list | None = None) -> list | None:
         """The segments as the directory holds them now, when they differ from this
         process's only as other processes' appends, rolls and retention make them differ
         (sizes from `end_segment` on, new segments after it, the oldest ones removed);
-        the removed ones are closed. None when anything else changed (a truncate, done
-        or under way): the caller takes the partition in again."""
+        the removed ones are closed, or added to `removed`. None when anything else
+        changed (a truncate, done or under way): the caller takes the partition in
+        again."""
         names = set(self.fileio.listdir(self.directory))
         ours = self.segments
         present = Segments(s for s in ours if os.path.basename(s.path) in names)
@@ -532,7 +565,10 @@ class Partition:
         newer = sorted(b for b in map(parse_segment_name, names)
                        if b is not None and b > present.active.base_offset)
         for segment in ours[:gone]:
-            segment.close()
+            if removed is None:
+                segment.close()
+            else:
+                removed.append(segment)
         return [*present, *(Segment(self.fileio, self.directory, base, writable=writable,
                                     clock=self.clock) for base in newer)]
 
@@ -739,16 +775,50 @@ class Partition:
     # -- a read-only view that follows a writer in another process ------------------
 
     def refresh(self) -> bool:
-        """Read-only: take in what the writer (another process) added since this view
-        was made or last refreshed: new frames, new segments, segments retention
-        removed. Returns False when the view cannot follow (a truncate happened or is
-        under way, or the files changed under it): the caller reopens the partition."""
+        """Read-only: take in what writers (other processes) added since this view was
+        made or last refreshed: new frames, new segments, segments retention removed.
+        Returns False when the view cannot follow (a truncate happened or is under way,
+        the files changed under it, or a writer created the partition after the view
+        opened it): the partition is then `stale`, and the Log opens it again
+        (Log.refresh, or a following Reader). Any thread: one refresh of a partition at
+        a time, since the commit lock is the process's, not a thread's (two threads
+        holding it shared would let go of it for each other)."""
         assert self.readonly
+        with self._refresh_lock:
+            return self._refresh_now()
+
+    def _poll_view(self) -> bool:
+        """A view's follower at the end: refresh when the commit lock's counter says a
+        writer has been here since the last look (a memory read when none has).
+        Returns True when the end moved."""
+        assert self.readonly
+        with self._refresh_lock:
+            if self.closed or self.stale:
+                return False
+            if self.lock.handle is None:  # no writer had opened the partition
+                if self.fileio.exists(self.lock.path):
+                    self.stale = True  # one has since: open it again, and take its lock
+                return False
+            if not self.lock.moved():
+                return False
+            before = self.next_offset
+            self._refresh_now()
+            return self.next_offset != before
+
+    def _refresh_now(self) -> bool:
+        """refresh, holding _refresh_lock."""
+        assert self._refresh_lock.locked()
+        if self.closed or self.stale:
+            return False
         self.lock.acquire(exclusive=False)  # no commit half done while this looks
         try:
-            return self._refresh_locked()
+            if self._refresh_locked():
+                self.lock.settle()  # (the counter cannot move while this holds the lock)
+                return True
         finally:
             self.lock.release()
+        self.stale = True
+        return False
 
     def _refresh_locked(self) -> bool:
         if self.lock.handle is None and self.fileio.exists(self.lock.path):
@@ -756,13 +826,71 @@ class Partition:
         if not self.segments:
             return False
         end_segment = self.segments[self._end_number]
-        segments = self._segments_now(end_segment, writable=False)
-        if segments is None:
+        segments = self._segments_now(end_segment, writable=False, removed=self._removed)
+        if segments is None or not self._end_frame_intact(segments):
             return False  # not what appends and retention do: reopen
         self._publish(segments=Segments(segments), start_offset=segments[0].base_offset)
         self._end_number = self.segments.index(end_segment)
         self._follow_tail()
+        self._close_removed()
         return True
+
+    def _close_removed(self) -> None:
+        """Close the segments retention removed once no reader here holds an offset
+        before the start. (A removed file stays readable through its handle: a reader
+        on another thread that was in it finishes it, instead of reading a closed, or
+        reused, file descriptor.)"""
+        with self._holds_lock:
+            lowest = min(self._holds.values(), default=None)
+        if lowest is None or lowest >= self.start_offset:
+            for segment in self._removed:
+                segment.close()
+            self._removed = []
+
+    def _end_frame_intact(self, segments) -> bool:
+        """Is the view's last frame still there, the same frame? A truncate cuts it,
+        and by the next refresh the file may have grown past the cut again (the sizes
+        alone do not show it; the view would read on from inside another frame)."""
+        if self._end_frame is None:
+            return True  # no frame yet (or the index could not say where it was)
+        base, position, checksum = self._end_frame
+        segment = next((s for s in segments if s.base_offset == base), None)
+        return segment is not None and _header_checksum(segment, position) == checksum
+
+    def _end_frame_now(self) -> tuple[int, int, int] | None:
+        """A view: (segment base, position, header checksum) of its last frame, read
+        from the file; None when it has none or the index cannot say where it is."""
+        if self.next_offset <= self.start_offset or not self.segments:
+            return None
+        try:
+            entry = self.index.lookup_offset(self.next_offset - 1)
+        except CorruptIndex:
+            return None
+        if entry is None or entry.next_offset != self.next_offset:
+            return None
+        segment = self.segments.by_base(entry.segment_base)
+        try:
+            checksum = None if segment is None else _header_checksum(segment,
+                                                                     entry.position)
+        except OSError:
+            return None  # unread, the view only loses the check (readers get the error)
+        return None if checksum is None else (entry.segment_base, entry.position, checksum)
+
+    def retire(self) -> None:
+        """A view the Log has opened again: its followers move to the new one (Reader);
+        wake them now. The Log closes it once no reader holds it (close_if_idle)."""
+        assert self.readonly
+        self.stale = True
+        self.ring.close()
+
+    def close_if_idle(self) -> bool:
+        """Close unless a reader holds it (a reader on another thread may be reading
+        its files now); True when closed."""
+        with self._holds_lock:
+            idle = not self._holds
+        if idle:
+            self.close()
+        return idle
 
     def _follow_tail(self) -> None:
         """Index the valid frames after the view's end; stop quietly at anything else
@@ -774,8 +902,11 @@ class Partition:
             self.segments, self.index, number=number, position=position,
             next_offset=self.next_offset, hwm_us=self.hwm_us,
             chunk_bytes=self.config.read_chunk_bytes)
+        moved = state.next_offset != self.next_offset
         self._publish(end_offset=state.next_offset, hwm_us=state.hwm_us)
         self._end_number, self.active_position = state.end_segment, state.end_position
+        if moved:
+            self._end_frame = self._end_frame_now()
         self.ring.reset(self.next_offset)  # this view's readers read the new frames from disk
 
     def _view_intent(self) -> None:
@@ -799,7 +930,8 @@ class Partition:
         retained = maintenance.apply_retention(
             self.fileio, self.directory, self.segments, self.index,
             retention_age_s=self.config.retention_age_s,
-            retention_bytes=self.config.retention_bytes, hold=self.min_hold(), now_us=now_us)
+            retention_bytes=self.config.retention_bytes, hold=self.min_hold(), now_us=now_us,
+            start_hwm_us=self.start_hwm_us, chunk_bytes=self.config.read_chunk_bytes)
         self._publish(segments=retained.segments, start_offset=retained.segments.start_offset)
         if retained.start_hwm_us is not None:
             self._publish(start_hwm_us=retained.start_hwm_us)
@@ -823,9 +955,12 @@ class Partition:
         if self.closed:
             return
         self.stop_writing()
-        self.closed = True
-        self.ring.close()
-        self._close_files(clean=seal)
+        with self._refresh_lock:  # (a view's follower may be refreshing it on its thread)
+            self.closed = True
+            self.ring.close()
+            for segment in self._removed:
+                segment.close()
+            self._close_files(clean=seal)
 
     def _close_files(self, *, clean: bool = False) -> None:
         for segment in self.segments:
@@ -835,6 +970,16 @@ class Partition:
 
     def size_bytes(self) -> int:
         return self.segments.size_bytes()
+
+
+def _header_checksum(segment: Segment, position: int) -> int | None:
+    """The header checksum of the frame at `position` (it covers the payload's), or
+    None when no intact frame header is there."""
+    try:
+        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
+    except CorruptFrame:
+        return None
+    return None if fields is INCOMPLETE else fields[13]  # fields[13]: header_checksum
 
 
 class _Exclusive:

@@ -3,9 +3,19 @@
 Strategy: one loop (`_slices`) yields (columns, lo, hi) row ranges of batches in offset
 order, taking each batch from the live-tail ring when it is there and from the segments
 (large sequential chunks) otherwise. At the acknowledged end it returns, or, when
-following, waits for the writer to publish more (no polling). `records()` and `arrow()`
-only format those slices. The async iterators use the same loop and await the tail
-instead of blocking the event loop.
+following, waits for more (below). `records()` and `arrow()` only format those
+slices. The async iterators use the same loop and await the tail instead of blocking
+the event loop.
+
+Following: at the acknowledged end the reader waits on the partition's tail ring, which
+this process's writer (or a view's refresh) wakes, and every poll interval asks the
+partition to take in what writers in other processes appended (`Partition.poll`: a job
+on the writer thread; in a read-only view, a refresh when the commit lock's counter
+moved). A view's partition that cannot follow the files in place (a writer truncated
+it, or created it after the view looked) is opened again by the Log, and the follower
+goes on in the new one from its position, as a follower in a writer's process goes on
+after a truncate: OffsetOutOfRange when records it passed were cut, else on with what
+is there now.
 
 Range rules (DESIGN 5 and 10): the start is inclusive, the end exclusive; a timestamp
 bound is resolved by the high-water mark (running max timestamp), so `from_timestamp_us=T`
@@ -37,7 +47,10 @@ class Reader:
                  start_timestamp_us: int | None = None,
                  stop_timestamp_us: int | None = None, follow: bool = False,
                  data_only: bool = True, read_committed: bool = True,
-                 stream: str | None = None) -> None:
+                 stream: str | None = None, reopen=None) -> None:
+        """`reopen(partition)`: a view's Log gives it; it returns the partition as the
+        view has it now, opened again when the given one is stale (see the module
+        docstring). None for a writable log, whose partitions are never replaced."""
         partition.check_offset(start_offset)
         self.partition = partition
         self.stream = stream
@@ -61,9 +74,13 @@ class Reader:
         self._token = next(_tokens)
         self._hwm: int | None = None
         self._hwm_known = False
+        self.reopen = reopen
+        # A view's reader: (offset, batch base offset, timestamp, value length, txn id)
+        # of the last record it went past, to tell after a reopen whether it was cut.
+        self._passed: tuple[int, int, int, int, int] | None = None
         partition.hold(self._token, start_offset)
         # An abandoned reader must not hold retention back forever.
-        weakref.finalize(self, partition.release, self._token)
+        self._finalizer = weakref.finalize(self, partition.release, self._token)
 
     # -- public iteration -----------------------------------------------------------
 
@@ -123,25 +140,81 @@ class Reader:
 
     def wait(self) -> None:
         """Following at the end: wait until there may be more (a batch published by
-        this process's writer, or, polled, one appended by another process)."""
+        this process's writer, or, polled, one appended by another process).
+        Raises LogClosed when the log was closed, OffsetOutOfRange when a view's
+        partition was truncated under what this reader passed."""
         partition = self.partition
-        poll_s = partition.config.follow_poll_s
-        if not partition.ring.wait(self._wait_offset(), timeout=poll_s):
+        if not partition.ring.wait(self._wait_offset(), timeout=_poll_s(partition)):
             partition.poll()
-        if partition.closed:
-            raise LogClosed("the log was closed while following it")
+        if partition.closed or partition.stale:
+            self._go_on_reopened()
 
     async def wait_async(self) -> None:
         """`wait` for an event loop."""
         import asyncio
         partition = self.partition
-        if partition.readonly:  # a view's refresh wakes the ring: nothing to poll
-            await partition.ring.wait_async(self._wait_offset())
-        elif not await partition.ring.wait_async(self._wait_offset(),
-                                                 partition.config.follow_poll_s):
-            await asyncio.to_thread(partition.poll)
-        if partition.closed:
+        if not await partition.ring.wait_async(self._wait_offset(), _poll_s(partition)):
+            # (a view's look is a memory read when no writer has been here)
+            if not partition.readonly or partition.lock.moved() or (
+                    partition.lock.handle is None):
+                await asyncio.to_thread(partition.poll)
+        if partition.closed or partition.stale:
+            await asyncio.to_thread(self._go_on_reopened)
+
+    def _go_on_reopened(self) -> None:
+        """The partition was closed, or is a view's that cannot follow its files: go
+        on in the one the view has now (opened again), from this reader's position."""
+        if self.reopen is None:  # a writable log's partition closes with the log
             raise LogClosed("the log was closed while following it")
+        old = self.partition
+        new = self.reopen(old)  # LogClosed when the log was closed
+        assert new is not old
+        self._finalizer.detach()
+        old.release(self._token)
+        new.hold(self._token, self.next_offset)
+        self._finalizer = weakref.finalize(self, new.release, self._token)
+        self.partition = new
+        self._truncations_seen = len(new.truncations)
+        self._forget_txns()
+        self._check_passed_still_there(new)
+
+    def _check_passed_still_there(self, partition) -> None:
+        """After a reopen: OffsetOutOfRange when the partition was cut before this
+        reader's position, as `_check_truncated` says in a writer's process. The cut
+        itself is not known here (the writer may have appended past it again), so the
+        last record this reader went past is looked at where it was."""
+        if partition.next_offset < self.next_offset:
+            raise OffsetOutOfRange(
+                f"{partition.name} was truncated to end at offset {partition.next_offset}"
+                f", before this reader's position {self.next_offset}")
+        if self._passed is None or self._passed[0] < partition.start_offset:
+            return  # nothing passed yet, or retention removed it (it was not cut)
+        offset, base, timestamp_us, value_bytes, txn_id = self._passed
+        _, columns = partition.batch_holding(offset)
+        row = offset - columns.base_offset
+        assert 0 <= row < len(columns)
+        if (columns.base_offset, int(columns.timestamps_us[row]),
+                int(columns.value_lengths[row]), columns.txn_id) != (
+                base, timestamp_us, value_bytes, txn_id):
+            raise OffsetOutOfRange(
+                f"{partition.name} was truncated before this reader's position "
+                f"{self.next_offset} (at or before offset {offset}) and written again")
+
+    def _forget_txns(self) -> None:
+        """Transaction states may have changed under a cut (markers removed)."""
+        self._stable_at = None
+        self._blocked_at = None
+        self._txn_states = {}
+
+    def _note_passed(self, columns: Columns) -> None:
+        """A view's reader went past rows of `columns` up to next_offset."""
+        if self.reopen is None:
+            return  # (a writer's process learns the cut itself: _check_truncated)
+        row = self.next_offset - 1 - columns.base_offset
+        if 0 <= row < len(columns):
+            self._passed = (self.next_offset - 1, columns.base_offset,
+                            int(columns.timestamps_us[row]),
+                            int(columns.value_lengths[row]), columns.txn_id)
 
     def _slices_sync(self):
         for item in self._slices():
@@ -178,14 +251,14 @@ class Reader:
             return
         cut = min(partition.truncations[self._truncations_seen:])
         self._truncations_seen = len(partition.truncations)
-        self._stable_at = None  # transactions may have been reopened by the cut
+        self._forget_txns()  # transactions may have been reopened by the cut
         if self.next_offset > cut:
             raise OffsetOutOfRange(f"{partition.name} was truncated to end at offset {cut}, "
                                    f"before this reader's position {self.next_offset}")
 
     def _slices_loop(self):
-        partition = self.partition
         while not self.done:
+            partition = self.partition  # (a view's follower may have moved to a new one)
             self._check_truncated()
             if self.stop_offset is not None and self.next_offset >= self.stop_offset:
                 break
@@ -246,6 +319,7 @@ class Reader:
             self.next_offset = columns.base_offset + len(columns)
             if self.stop_offset is not None:
                 self.next_offset = min(self.next_offset, self.stop_offset)
+            self._note_passed(columns)
         else:
             self._blocked_at = self.partition.next_offset
 
@@ -265,6 +339,7 @@ class Reader:
                 reached = int(np.searchsorted(hwm, self.start_timestamp_us, side="left"))
                 if reached >= hi:
                     self.next_offset = base + hi  # nothing here reaches the start yet
+                    self._note_passed(columns)
                     return
                 lo, self.start_timestamp_us = max(lo, reached), None
             if self.stop_timestamp_us is not None:
@@ -273,6 +348,7 @@ class Reader:
                     hi, self.done = max(cut, lo), True
         if hi > lo:
             self.next_offset = base + hi
+            self._note_passed(columns)
             self.partition.hold(self._token, self.next_offset)
             yield columns, lo, hi
         elif self.done:
@@ -286,6 +362,13 @@ class Reader:
         if self._hwm_known:
             return self._hwm
         return self.partition.hwm_before_offset(columns.base_offset)
+
+
+def _poll_s(partition) -> float:
+    """How long a follower waits at the end before it asks for other processes'
+    appends: a view's look is cheap (config.view_poll_s)."""
+    config = partition.config
+    return config.view_poll_s if partition.readonly else config.follow_poll_s
 
 
 def is_data(kind: int) -> bool:

@@ -148,6 +148,9 @@ class FaultFileIO:
         self.rng = random.Random(seed)
         self.real_fsync = real_fsync
         self.crashed = False
+        # Called with (rng, mode) at the instant of a power loss, after the files: what
+        # else loses power with this disk (the in-memory index, testing/memindex.py).
+        self.crash_hooks: list = []
         self.steps = 0
         self.counts: collections.Counter[str] = collections.Counter()
         self.trace: collections.deque = collections.deque(maxlen=TRACE_ENTRIES_MAX)
@@ -209,6 +212,8 @@ class FaultFileIO:
         self._names, self._journal = names, []
         self.crashed = True
         self._crash_plan = None
+        for hook in self.crash_hooks:
+            hook(rng, mode)
 
     def abandon(self, log) -> None:
         """Crash if not crashed yet, then stop `log` (the dead process's log object):

@@ -1,8 +1,9 @@
-"""A process of test_multi_writer.py: a writer or a follower of one shared local log.
+"""A process of test_multi_writer_kill.py: a writer or a follower of one shared local log.
 
 Usage:
     python multi_writer_child.py write LOG NAME SEED OUT [--follow OUT2]
     python multi_writer_child.py follow LOG OUT
+    python multi_writer_child.py tail LOG OUT
 
 `write` opens LOG for writing beside the other writer processes and appends until it is
 killed: singles and small batches of unique values (b"NAME:seq:row"), to a partition
@@ -15,6 +16,11 @@ to OUT2.
 `follow` is a read-only view in its own process, as `streamlog read --follow` is: it
 refreshes and reads every partition from where its OUT file says it got to (it may have
 been killed before), and writes "F partition offset value" lines.
+
+`tail` is a read-only view in its own process that never calls refresh(): its readers
+follow (`reader(follow=True)`, a thread each: one per partition, and a second one on
+partition 0) and take the writers' appends in by themselves. Each resumes from where
+OUT says it got to and writes "T follower partition offset value" lines.
 
 Lines are written with one os.write each, so a kill leaves at most one cut line (the
 reader ignores a last line without its newline).
@@ -101,10 +107,50 @@ def follow(path: str, out: str) -> None:
             time.sleep(0.02)
 
 
+TAIL_FOLLOWERS = {"p0": 0, "p1": 1, "p2": 2, "p0bis": 0}  # follower -> its partition
+
+
+def tail(path: str, out: str) -> None:
+    """A read-only view whose following readers take the appends in by themselves."""
+    next_offsets = dict.fromkeys(TAIL_FOLLOWERS, 0)
+    if os.path.exists(out):
+        with open(out, "rb") as existing:
+            for raw in existing.read().split(b"\n")[:-1]:
+                _, name, _, offset, _ = raw.decode().split(" ", 4)
+                next_offsets[name] = int(offset) + 1
+    handle = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    while True:
+        try:
+            log = streamlog.open_log(path, readonly=True)
+            break
+        except streamlog.StreamLogError:
+            time.sleep(0.05)  # no writer has created the log yet
+    threads = [threading.Thread(target=tail_one, daemon=True,
+                                args=(log, handle, name, partition, next_offsets[name]))
+               for name, partition in TAIL_FOLLOWERS.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # they follow until the process is killed
+
+
+def tail_one(log, handle: int, name: str, partition: int, start: int) -> None:
+    while True:
+        try:
+            reader = log.reader(STREAM, partition, from_offset=start, follow=True)
+            break
+        except streamlog.UnknownStream:
+            time.sleep(0.02)  # no writer has created the stream yet
+    for record in reader.records():
+        _line(handle, f"T {name} {partition} {record.offset} {record.value.decode()}")
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "write":
         follow_out = argv[argv.index("--follow") + 1] if "--follow" in argv else None
         write(argv[1], argv[2], int(argv[3]), argv[4], follow_out)
+    elif argv[0] == "tail":
+        tail(argv[1], argv[2])
     else:
         follow(argv[1], argv[2])
 

@@ -1,15 +1,19 @@
 """Several writer processes on one local log (DESIGN 9), killed for real.
 
 Four processes append to the same three partitions while a fifth, a read-only view,
-follows every partition; one writer also follows partition 0 through its writable log
-(it sees the others' appends by polling). At random moments any of the five is SIGKILLed
-(mid-commit, mid-roll, mid-refresh) and a new one takes its place. Afterwards:
+follows every partition by refreshing (as `streamlog read --follow` does), and a sixth,
+another read-only view, follows them with `reader(follow=True)` alone (four followers,
+two of them on partition 0, each taking the appends in by itself); one writer also
+follows partition 0 through its writable log (it sees the others' appends by polling).
+At random moments any of the six is SIGKILLed (mid-commit, mid-roll, mid-refresh) and a
+new one takes its place. Afterwards:
 
 * every acknowledged record is in the log, at the offset its writer was told, with its
   value; offsets are dense; no value appears twice (nothing written twice, nothing
   torn delivered);
-* the read-only follower saw every record of every partition exactly once, in order,
-  as the log holds it (its restarts resume from its last line);
+* each read-only follower saw every record of its partition exactly once, in order,
+  as the log holds it (its restarts resume from its last line): what a view delivers
+  is a prefix of the partition, and nothing it delivered was lost;
 * each in-process follower saw a dense prefix of partition 0, as the log holds it;
 * `streamlog verify` finds the log sound.
 
@@ -28,7 +32,7 @@ import time
 
 import streamlog
 
-from multi_writer_child import PARTITIONS, STREAM
+from multi_writer_child import PARTITIONS, STREAM, TAIL_FOLLOWERS
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_writer_child.py")
 SEED = 20261124
@@ -62,6 +66,22 @@ def _lines(path: str) -> list[list[str]]:
     return [raw.decode().split(" ") for raw in data.split(b"\n")[:-1] if raw != b"READY"]
 
 
+def _followed_to(follow_out: str, tail_out: str) -> dict[str, int]:
+    """How far each read-only follower got: follower -> the offset after its last."""
+    seen = {}
+    for _, partition, offset, _ in _lines(follow_out):
+        seen[f"view p{partition}"] = max(seen.get(f"view p{partition}", 0), int(offset) + 1)
+    for _, name, _, offset, _ in _lines(tail_out):
+        seen[f"tail {name}"] = max(seen.get(f"tail {name}", 0), int(offset) + 1)
+    return seen
+
+
+def _ends_of_followers(ends: list[int]) -> dict[str, int]:
+    out = {f"view p{p}": end for p, end in enumerate(ends) if end}
+    out.update({f"tail {name}": ends[p] for name, p in TAIL_FOLLOWERS.items() if ends[p]})
+    return out
+
+
 def test_four_writer_processes_and_followers_killed_at_random(tmp_path):
     rng = random.Random(SEED)
     path = str(tmp_path / "log")
@@ -83,8 +103,11 @@ def test_four_writer_processes_and_followers_killed_at_random(tmp_path):
         return Child(argv, stderr_path)
 
     follow_out = str(out / "view.follow")
+    tail_out = str(out / "view.tail")
+    views = {"view": ["follow", path, follow_out], "tail": ["tail", path, tail_out]}
     children = {slot: start_writer(slot) for slot in range(WRITERS)}
-    children["view"] = Child(["follow", path, follow_out], stderr_path)
+    for name, argv in views.items():
+        children[name] = Child(argv, stderr_path)
     schedule = []
     started = time.monotonic()
     try:
@@ -95,21 +118,19 @@ def test_four_writer_processes_and_followers_killed_at_random(tmp_path):
                 child.check_alive(f"{name}", f"seed={SEED} after kills {schedule}")
             children[victim].kill()
             schedule.append((round(time.monotonic() - started, 2), victim))
-            children[victim] = (Child(["follow", path, follow_out], stderr_path)
-                                if victim == "view" else start_writer(victim))
-        for slot in range(WRITERS):  # the writers stop; the view must catch up
+            children[victim] = (Child(views[victim], stderr_path)
+                                if victim in views else start_writer(victim))
+        for slot in range(WRITERS):  # the writers stop; the views must catch up
             children.pop(slot).kill()
         context = f"seed={SEED} kills={schedule}"
         with streamlog.open_log(path, readonly=True) as log:
             ends = [log.end_offset(STREAM, p) for p in range(PARTITIONS)]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            seen = [0] * PARTITIONS
-            for _, partition, offset, _ in _lines(follow_out):
-                seen[int(partition)] = max(seen[int(partition)], int(offset) + 1)
-            if seen == ends:
+            if _followed_to(follow_out, tail_out) == _ends_of_followers(ends):
                 break
-            children["view"].check_alive("the read-only follower", context)
+            children["view"].check_alive("the refreshing read-only follower", context)
+            children["tail"].check_alive("the following read-only view", context)
             time.sleep(0.1)
     finally:
         for child in children.values():
@@ -139,15 +160,20 @@ def test_four_writer_processes_and_followers_killed_at_random(tmp_path):
     print(f"{context}: {acknowledged} acknowledged, log holds {[len(h) for h in held]}")
     assert len({name for name in acks}) == len(acks)
 
-    followed = [[] for _ in range(PARTITIONS)]
+    followed = {f"view p{p}": (p, []) for p in range(PARTITIONS)}
+    followed.update({f"tail {name}": (p, []) for name, p in TAIL_FOLLOWERS.items()})
     for _, partition, offset, value in _lines(follow_out):
-        followed[int(partition)].append((int(offset), value))
-    for partition, records in enumerate(held):
-        assert [o for o, _ in followed[partition]] == list(range(len(records))), \
-            f"{context}: the read-only follower did not see partition {partition} once each"
-        for offset, value in followed[partition]:
+        followed[f"view p{partition}"][1].append((int(offset), value))
+    for _, name, partition, offset, value in _lines(tail_out):
+        assert TAIL_FOLLOWERS[name] == int(partition), f"{context}: {name} read {partition}"
+        followed[f"tail {name}"][1].append((int(offset), value))
+    for follower, (partition, lines) in followed.items():
+        records = held[partition]
+        assert [o for o, _ in lines] == list(range(len(records))), \
+            f"{context}: {follower} did not see partition {partition} once each, in order"
+        for offset, value in lines:
             assert records[offset].startswith(value.encode()), \
-                f"{context}: the follower saw {value} at {partition}/{offset}"
+                f"{context}: {follower} saw {value} at {partition}/{offset}"
 
     in_process = 0
     for follow in own_follows:
