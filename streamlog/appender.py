@@ -28,7 +28,8 @@ import zstandard
 
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import LogClosed, PartitionFailed
-from .frame import CODEC_ZSTD, HEADER_BYTES, Frame, encode_frame, encode_frame_from_parts
+from .frame import (CODEC_ZSTD, FLAG_HAS_PRODUCER, Frame, ProducerStamp, encode_frame,
+                    encode_frame_from_parts, payload_start)
 from .index import IndexEntry, RecoveryPoint
 from .payload import (NO_TIME, EncodedRows, advance_hwm, compress, data_timestamps,
                       encode_payload, encoded_parts)
@@ -48,6 +49,8 @@ class Piece:
     headers: list | None
     nbytes: int
     txn_id: int = 0
+    # A Kafka producer's batch (frame.py's stamp): always a frame of its own.
+    producer: ProducerStamp | None = None
 
     @property
     def record_count(self) -> int:
@@ -327,13 +330,13 @@ class Appender:
         self.stats["writes"] += 1
         entries, events, published = [], [], []
         for data, base, count, hwm_before, hwm_after, min_ts, max_ts, raw, flags, txn_id, \
-                frame_txn_events in frames:
+                frame_txn_events, producer in frames:
             events += frame_txn_events
             entries.append(IndexEntry(base, segment.base_offset, position, count,
                                       len(data), min_ts, max_ts,
                                       NO_TIME if hwm_after is None else hwm_after))
             published.append((Frame(position, base, count, min_ts, max_ts, txn_id, flags,
-                                    len(raw), raw), hwm_before))
+                                    len(raw), raw, producer), hwm_before))
             position += len(data)
         recovery = None
         if self.config.fsync is FsyncPolicy.ALWAYS:
@@ -354,8 +357,11 @@ class Appender:
 
     def _fits(self, pieces: list, piece) -> bool:
         """Can `piece` join the frame of `pieces`? Only a piece of the same kind
-        (Piece, or columnar EncodedRows) under the same transaction, within the bounds."""
+        (Piece, or columnar EncodedRows) under the same transaction, within the bounds,
+        and neither stamped: a stamp describes its frame's records and no others."""
         if piece.txn_id != pieces[0].txn_id or type(piece) is not type(pieces[0]):
+            return False
+        if piece.producer is not None or pieces[0].producer is not None:
             return False
         count = sum(p.record_count for p in pieces) + piece.record_count
         size = sum(p.nbytes for p in pieces) + piece.nbytes
@@ -364,7 +370,8 @@ class Appender:
     def _emit(self, pieces: list, offset: int, hwm, frames: list):
         """Encode pieces as one frame; append (bytes, base, values, hwm_before, ...) to
         `frames`; return the next offset and running max."""
-        txn_id = pieces[0].txn_id
+        txn_id, producer = pieces[0].txn_id, pieces[0].producer
+        assert producer is None or len(pieces) == 1
         if isinstance(pieces[0], EncodedRows):
             # Columns: the parts are copied once, straight into the frame, whose
             # payload is then the raw payload too (compressed only if that pays).
@@ -372,9 +379,9 @@ class Appender:
             data = encode_frame_from_parts(base_offset=offset, record_count=count,
                                            min_timestamp_us=min_ts, max_timestamp_us=max_ts,
                                            txn_id=txn_id, flags=0,
-                                           parts=encoded_parts(pieces))
+                                           parts=encoded_parts(pieces), producer=producer)
             raw, flags, data_max_ts, kinds, value_at = (
-                memoryview(data)[HEADER_BYTES:], 0, max_ts, None, None)
+                memoryview(data)[payload_start(data):], 0, max_ts, None, None)
             stored = self._maybe_compress(raw)
         else:
             raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
@@ -386,13 +393,15 @@ class Appender:
             data = encode_frame(base_offset=offset, record_count=count,
                                 min_timestamp_us=min_ts, max_timestamp_us=max_ts,
                                 txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
-                                payload=stored)
-            assert len(data) == HEADER_BYTES + len(stored)
+                                payload=stored, producer=producer)
+            assert len(data) == payload_start(data) + len(stored)
+        if producer is not None:
+            flags |= FLAG_HAS_PRODUCER  # as decode_frame gives it to readers of the tail
         # control records never move the high-water mark (payload.py)
         hwm_after = advance_hwm(hwm, data_max_ts)
         events = frame_events(pieces[0].txn_id, offset, kinds, value_at)
         frames.append((data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
-                       pieces[0].txn_id, events))
+                       pieces[0].txn_id, events, producer))
         return offset + count, hwm_after
 
     def _maybe_compress(self, raw: bytes) -> bytes:

@@ -12,7 +12,8 @@ Header layout (little-endian, 72 bytes):
          0    4  u32  magic            0x474F4C53 ("SLOG" on disk), lets verify resync
          4    1  u8   version          1
          5    1  u8   flags            bits 0-1 codec (0 none, 1 zstd), bit 2 has control
-                                       records, bit 3 has headers
+                                       records, bit 3 has headers, bit 5 has a producer
+                                       stamp (bit 4 is unused)
          6    2  u16  reserved         0
          8    8  i64  base_offset      offset of the first record
         16    8  i64  min_timestamp_us
@@ -29,6 +30,26 @@ The header checksum covers every other header byte, payload checksum included, s
 64-bit check proves header and payload together, and a payload can be checked without
 the header being trusted first (dump reports which of the two is wrong). Checksumming
 the *stored* bytes means recovery never decompresses (as Kafka's CRC does).
+
+Producer stamp (flag bit 5). A batch a Kafka idempotent producer sent carries who sent
+it, as Kafka's own batch header does, so that the broker can rebuild which batches each
+producer has appended from the partition itself (kafka/producer_state.py). The stamp is
+the first 16 bytes of the stored payload, never compressed:
+
+    offset size type  field
+         0    8  i64  producer_id      >= 0
+         8    2  i16  producer_epoch   >= 0
+        10    2  u16  reserved         0
+        12    4  i32  base_sequence    >= 0, the sequence number of the first record
+
+payload_bytes and the payload checksum count it, raw_bytes does not, and
+`Frame.payload` is what follows it: everything downstream of decode_frame sees the
+payload as it would without a stamp. Why there and not in the header: the header's
+reserved bytes (6) are too few, and this way every reader that sizes a frame from its
+header (HEADER_BYTES + payload_bytes) stays right. Why in the frame at all: a frame is
+written whole or detected as torn, so the stamp is exactly as durable as the records it
+describes; a side file written after the append could not say whether a frame cut off
+by a crash was that producer's. Frames without the flag are byte for byte as before.
 """
 
 from __future__ import annotations
@@ -53,7 +74,13 @@ CODEC_ZSTD = 1
 CODEC_MASK = 0b11
 FLAG_HAS_CONTROL = 0b100
 FLAG_HAS_HEADERS = 0b1000
-FLAGS_KNOWN = CODEC_MASK | FLAG_HAS_CONTROL | FLAG_HAS_HEADERS
+FLAG_HAS_PRODUCER = 0b100000
+FLAGS_KNOWN = CODEC_MASK | FLAG_HAS_CONTROL | FLAG_HAS_HEADERS | FLAG_HAS_PRODUCER
+
+STAMP = struct.Struct("<qhHi")
+assert STAMP.size == 16
+STAMP_BYTES = STAMP.size
+SEQUENCE_MAX = (1 << 31) - 1  # Kafka's sequence numbers: int32, wrapping to 0 after it
 
 # No frame is ever larger than this, whatever the config: a length field above it is
 # corruption, not a frame we have not finished reading.
@@ -71,6 +98,37 @@ INCOMPLETE = _Incomplete()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ProducerStamp:
+    """Who appended a batch: a Kafka idempotent producer's id and epoch, and the
+    sequence number of the batch's first record (the next records follow it)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+    def sequence_at(self, row: int) -> int:
+        """Sequence number of the batch's record `row` (Kafka's wrap after int32 max)."""
+        assert row >= 0
+        return (self.base_sequence + row) % (SEQUENCE_MAX + 1)
+
+
+def encode_stamp(stamp: ProducerStamp) -> bytes:
+    assert 0 <= stamp.producer_id < 1 << 63
+    assert 0 <= stamp.producer_epoch <= 0x7FFF
+    assert 0 <= stamp.base_sequence <= SEQUENCE_MAX
+    return STAMP.pack(stamp.producer_id, stamp.producer_epoch, 0, stamp.base_sequence)
+
+
+def decode_stamp(buf, position: int) -> ProducerStamp:
+    """The stamp at `position` (the checksum over it already held). CorruptFrame for
+    values no writer writes."""
+    producer_id, epoch, reserved, sequence = STAMP.unpack_from(buf, position)
+    if producer_id < 0 or epoch < 0 or sequence < 0 or reserved:
+        raise CorruptFrame("impossible producer stamp", position)
+    return ProducerStamp(producer_id, epoch, sequence)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Frame:
     position: int
     base_offset: int
@@ -80,7 +138,8 @@ class Frame:
     txn_id: int
     flags: int
     raw_bytes: int
-    payload: memoryview | bytes
+    payload: memoryview | bytes  # the stored payload after the stamp, if any
+    producer: ProducerStamp | None = None
 
     @property
     def codec(self) -> int:
@@ -96,7 +155,8 @@ class Frame:
 
     @property
     def size(self) -> int:
-        return HEADER_BYTES + len(self.payload)
+        stamp = STAMP_BYTES if self.producer is not None else 0
+        return HEADER_BYTES + stamp + len(self.payload)
 
     @property
     def end_position(self) -> int:
@@ -105,12 +165,17 @@ class Frame:
 
 def encode_frame(*, base_offset: int, record_count: int, min_timestamp_us: int,
                  max_timestamp_us: int, txn_id: int, flags: int, raw_bytes: int,
-                 payload: bytes) -> bytes:
-    """Return header + payload for one batch. Asserts what decode_frame verifies."""
+                 payload: bytes, producer: ProducerStamp | None = None) -> bytes:
+    """Return header + payload for one batch (`flags` without FLAG_HAS_PRODUCER: a
+    `producer` stamp sets it). Asserts what decode_frame verifies."""
     assert base_offset >= 0
     assert record_count >= 1
     assert min_timestamp_us <= max_timestamp_us
     assert flags & ~FLAGS_KNOWN == 0
+    assert flags & FLAG_HAS_PRODUCER == 0
+    if producer is not None:
+        flags |= FLAG_HAS_PRODUCER
+        payload = encode_stamp(producer) + payload
     assert HEADER_BYTES + len(payload) <= FRAME_BYTES_LIMIT
     payload_checksum = xxhash.xxh3_64_intdigest(payload)
     head = HEADER.pack(MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
@@ -122,25 +187,31 @@ def encode_frame(*, base_offset: int, record_count: int, min_timestamp_us: int,
 
 def encode_frame_from_parts(*, base_offset: int, record_count: int, min_timestamp_us: int,
                             max_timestamp_us: int, txn_id: int, flags: int,
-                            parts: list) -> bytearray:
+                            parts: list,
+                            producer: ProducerStamp | None = None) -> bytearray:
     """encode_frame of an uncompressed payload given as buffers to concatenate: each is
     copied once, straight into the frame (no joined payload first). The payload is
-    memoryview(frame)[HEADER_BYTES:]."""
+    memoryview(frame)[payload_start(frame):]."""
     size = sum(memoryview(part).nbytes for part in parts)
     assert base_offset >= 0 and record_count >= 1
     assert min_timestamp_us <= max_timestamp_us
     assert flags & ~FLAGS_KNOWN == 0 and flags & CODEC_MASK == 0
-    assert HEADER_BYTES + size <= FRAME_BYTES_LIMIT
-    frame = bytearray(HEADER_BYTES + size)
+    assert flags & FLAG_HAS_PRODUCER == 0
+    stamp = b"" if producer is None else encode_stamp(producer)
+    if producer is not None:
+        flags |= FLAG_HAS_PRODUCER
+    assert HEADER_BYTES + len(stamp) + size <= FRAME_BYTES_LIMIT
+    frame = bytearray(HEADER_BYTES + len(stamp) + size)
     view = memoryview(frame)
-    position = HEADER_BYTES
+    view[HEADER_BYTES:HEADER_BYTES + len(stamp)] = stamp
+    position = HEADER_BYTES + len(stamp)
     for part in parts:
         part = memoryview(part).cast("B")
         view[position:position + part.nbytes] = part
         position += part.nbytes
     payload_checksum = xxhash.xxh3_64_intdigest(view[HEADER_BYTES:])
     HEADER.pack_into(frame, 0, MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
-                     max_timestamp_us, txn_id, record_count, size, size, 0,
+                     max_timestamp_us, txn_id, record_count, len(stamp) + size, size, 0,
                      payload_checksum, 0)
     _CHECKED.pack_into(frame, 64, xxhash.xxh3_64_intdigest(view[:64]))
     return frame
@@ -164,9 +235,15 @@ def decode_header(buf, position: int = 0):
         raise CorruptFrame(f"unknown flags {fields[2]:#x}", position)
     if fields[8] < 1 or fields[4] < 0 or fields[5] > fields[6]:
         raise CorruptFrame("impossible header values", position)
-    if fields[9] > FRAME_BYTES_LIMIT or fields[10] > FRAME_BYTES_LIMIT:
+    if fields[9] > FRAME_BYTES_LIMIT or fields[10] > FRAME_BYTES_LIMIT or (
+            fields[2] & FLAG_HAS_PRODUCER and fields[9] < STAMP_BYTES):
         raise CorruptFrame("impossible payload length", position)
     return fields
+
+
+def payload_start(frame: bytes | bytearray | memoryview) -> int:
+    """Where the payload proper (after any stamp) begins in a frame encoded here."""
+    return HEADER_BYTES + (STAMP_BYTES if frame[5] & FLAG_HAS_PRODUCER else 0)
 
 
 def decode_frame(buf, position: int = 0) -> Frame | _Incomplete:
@@ -185,9 +262,13 @@ def decode_frame(buf, position: int = 0) -> Frame | _Incomplete:
     payload = memoryview(buf)[start:start + payload_bytes]
     if xxhash.xxh3_64_intdigest(payload) != fields[12]:
         raise CorruptFrame("payload checksum mismatch", position)
+    producer = None
+    if fields[2] & FLAG_HAS_PRODUCER:
+        producer = decode_stamp(buf, start)
+        payload = payload[STAMP_BYTES:]
     return Frame(position=position, base_offset=fields[4], record_count=fields[8],
                  min_timestamp_us=fields[5], max_timestamp_us=fields[6], txn_id=fields[7],
-                 flags=fields[2], raw_bytes=fields[10], payload=payload)
+                 flags=fields[2], raw_bytes=fields[10], payload=payload, producer=producer)
 
 
 def frame_size_hint(buf, position: int) -> int | None:

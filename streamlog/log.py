@@ -32,6 +32,7 @@ from .errors import (CorruptIndex, InvalidAppend, InvalidArgument, LogClosed, Lo
                      ReadOnlyLog, StreamLogError, UnknownStream)
 from .clock import SYSTEM_CLOCK
 from .fileio import OsFileIO, read_file, write_file_atomic
+from .frame import SEQUENCE_MAX, ProducerStamp
 from .locks import WriterRegistry, exclusive_writer
 from .partition import Partition
 from . import txn as txn_module
@@ -404,6 +405,36 @@ class Log:
                           txn_id: int = 0) -> AppendResult:
         target, pieces = self._prepare(stream, values, keys, timestamps_us, partition,
                                        headers, kinds, txn_id)
+        numbers = list(pieces)
+        firsts = [target[n].submit(pieces[n]) for n in numbers]
+        return _result(numbers, firsts, pieces)
+
+    def append_stamped_sync(self, stream: str, partition: int, producer: ProducerStamp, *,
+                            data=None, values=None, keys=None, timestamps_us=None,
+                            headers=None) -> AppendResult:
+        """Append one Kafka producer's batch as one frame that carries its stamp
+        (frame.py: producer id, epoch, base sequence), from which the Kafka listener
+        rebuilds its producers' state (kafka/producer_state.py). The records come as
+        append_columns' `data` or as append_batch's `values` (with `keys`,
+        `timestamps_us`, `headers`), not both. Local logs only: not part of LogAPI.
+
+        Returns:
+            AppendResult once durable, as append_batch.
+        Raises:
+            InvalidAppend when the records do not fit one frame (frame_bytes_max,
+            batch_records_max; nothing is appended), and as append_batch and
+            append_columns do; InvalidArgument for a bad stamp or partition.
+        """
+        if (data is None) == (values is None):
+            raise InvalidArgument("give the records as data (columns) or as values")
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidArgument(f"partition must be an int (got {partition!r})")
+        if data is not None:
+            target, pieces = self._prepare_columns(stream, data, partition, 0)
+        else:
+            target, pieces = self._prepare(stream, values, keys, timestamps_us, partition,
+                                           headers, None, 0)
+        _stamp(pieces, producer)
         numbers = list(pieces)
         firsts = [target[n].submit(pieces[n]) for n in numbers]
         return _result(numbers, firsts, pieces)
@@ -881,6 +912,26 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig, cl
     return values, keys, timestamps, headers, kinds
 
 
+
+
+def _stamp(pieces: dict, producer: ProducerStamp) -> None:
+    """Give the one piece of a Kafka producer's batch its stamp. A stamp describes one
+    frame, written whole or not at all: a batch cut into several frames could be found
+    half-written after a crash and taken for appended, so it is refused (as Kafka
+    refuses a batch over max.message.bytes)."""
+    if not isinstance(producer, ProducerStamp) or not (
+            0 <= producer.producer_id < 1 << 63 and 0 <= producer.producer_epoch <= 0x7FFF
+            and 0 <= producer.base_sequence <= SEQUENCE_MAX):
+        raise InvalidArgument(f"producer must be a ProducerStamp with an id in 0..2**63-1, "
+                              f"an epoch in 0..32767 and a sequence in 0..2**31-1 "
+                              f"(got {producer!r})")
+    assert len(pieces) == 1  # the partition was named
+    (piece_list,) = pieces.values()
+    if len(piece_list) != 1:
+        raise InvalidAppend(f"a producer's batch must fit one frame: "
+                            f"{sum(p.record_count for p in piece_list)} records cut into "
+                            f"{len(piece_list)} (frame_bytes_max, batch_records_max)")
+    piece_list[0].producer = producer
 
 
 def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list[Piece]:

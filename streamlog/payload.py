@@ -28,7 +28,8 @@ import numpy as np
 import zstandard
 
 from .errors import CorruptFrame
-from .frame import CODEC_NONE, CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS, Frame
+from .frame import (CODEC_NONE, CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS, Frame,
+                    ProducerStamp)
 from .records import Record, RecordKind
 
 _U16 = struct.Struct("<H")
@@ -58,6 +59,8 @@ class Columns:
     # The whole (uncompressed) payload these columns are views of, when they came from
     # one: a server sends it on as it is for a whole batch (wire/columns.py).
     raw: memoryview | None = None
+    # The frame's producer stamp (frame.py): the Kafka producer that sent the batch.
+    producer: ProducerStamp | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps_us)
@@ -114,6 +117,7 @@ class EncodedRows:
     max_timestamp_us: int
     nbytes: int  # the size estimate the appender packs frames by (as Piece.nbytes)
     txn_id: int = 0
+    producer: ProducerStamp | None = None  # a stamped piece is a frame of its own
 
     @property
     def record_count(self) -> int:
@@ -221,7 +225,7 @@ def _split_columns(buf: memoryview, frame: Frame) -> Columns:
     position += values_total
     headers = buf[position:position + headers_total] if has_headers else None
     return Columns(frame.base_offset, timestamps, kinds, key_lengths, value_lengths,
-                   header_lengths, keys, values, headers, frame.txn_id, buf)
+                   header_lengths, keys, values, headers, frame.txn_id, buf, frame.producer)
 
 
 def columns_to_records(columns: Columns, partition: int, start: int = 0,

@@ -2,8 +2,10 @@
 
 Modules: errors.py (Kafka's error codes), records.py (RecordBatch v2), codec.py (frames,
 headers, request and response schemas through kio), broker.py (the answers, as
-functions over a Log), groups.py (consumer-group membership), server.py (the asyncio
-listener). See DESIGN section 9.
+functions over a Log), producers.py (idempotent producers' sequence rules),
+producer_state.py (their state, rebuilt from stamped frames and snapshots),
+groups.py (consumer-group membership), server.py (the asyncio listener). See DESIGN
+section 9.
 """
 
 from .broker import Broker, OFFSETS_STREAM

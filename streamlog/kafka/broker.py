@@ -22,11 +22,16 @@ append_columns; other batches go through lists and append_batch. A fetched log b
 of data without headers is encoded with NumPy from its columns (records.encode_arrays);
 control records and records with headers take the per-record encoder.
 
-Idempotent producers: InitProducerId gives a producer id; a batch with a producer id
-is appended only when its base sequence is the next one expected for (producer,
-partition); a retry of one of the last five batches is answered with the offset it got
-the first time, without appending it again. The sequence state is in memory: after a
-daemon restart a producer's next batch is taken as it comes.
+Idempotent producers: InitProducerId gives a new producer id (epoch 0) every time, as
+Kafka does for a producer without a transactional id, never one handed out before
+(producer_state.ProducerIds). A batch with a producer id is judged by Kafka's sequence
+rules (producers.py): appended when it continues the producer's sequence in the
+partition, answered with the offset it got the first time when it is a retry of one of
+the producer's last five batches (nothing appended), refused with
+OUT_OF_ORDER_SEQUENCE_NUMBER or INVALID_PRODUCER_EPOCH otherwise. An appended batch is
+one frame stamped with its producer id, epoch and base sequence (frame.py), from which
+the state is rebuilt after a restart or a crash (producer_state.py), and which Fetch
+returns in the batch header as Kafka does.
 
 Transactional producers (a transactional_id) are refused with
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the Kafka transaction APIs (AddPartitionsToTxn,
@@ -40,14 +45,10 @@ when it starts.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import itertools
 import json
 import logging
-import os
 import threading
-import time
 
 import numpy as np
 
@@ -56,22 +57,17 @@ from ..records import RecordKind
 from . import records as kafka_records
 from .codec import Request, build, response_schema
 from .errors import ErrorCode
+from .producer_state import ProducerState
+from .producers import Batch as SequencedBatch, Verdict
 
 OFFSETS_STREAM = "kafka.consumer_offsets"  # a stream name starts with a letter or digit
 NODE_ID = 0
 CLUSTER_ID = "streamlog"
 _LOG = logging.getLogger("streamlog.kafka")
-_REMEMBERED_BATCHES = 5  # Kafka keeps the last five batches per producer and partition
 _BATCH_RECORDS_MAX = 4096  # records per batch in a Fetch response
 _CHUNK_BYTES = 1 << 20  # about this many key and value bytes per batch too
-
-
-@dataclasses.dataclass
-class _ProducerState:
-    epoch: int
-    # per (stream, partition): deque of (first sequence, last sequence, base offset)
-    batches: dict = dataclasses.field(default_factory=dict)
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+_VERDICT_CODES = {Verdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
+                  Verdict.FENCED: ErrorCode.invalid_producer_epoch}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +86,7 @@ class Broker:
         self.log = log
         self.default_partitions = default_partitions
         self.auto_create_topics = auto_create_topics
-        self._producers: dict[int, _ProducerState] = {}
-        self._producers_lock = threading.Lock()
-        # producer ids: unique across restarts without a stored counter (ms << 12)
-        self._next_producer_id = itertools.count((int(time.time() * 1000) << 12)
-                                                 + int.from_bytes(os.urandom(1), "big"))
+        self.producers = ProducerState(log)
         self._offsets: dict[str, dict[tuple[str, int], tuple[int, str | None]]] = {}
         self._offsets_lock = threading.Lock()
         self._load_offsets()
@@ -176,15 +168,19 @@ class Broker:
         if body.transactional_id is not None:
             return build(schema, error_code=ErrorCode.transactional_id_authorization_failed,
                          producer_id=-1, producer_epoch=-1)
-        asked = getattr(body, "producer_id", -1)
-        with self._producers_lock:
-            if asked >= 0 and asked in self._producers:  # an epoch bump (KIP-360)
-                state = self._producers[asked]
-                state.epoch, state.batches = state.epoch + 1, {}
-                return build(schema, producer_id=asked, producer_epoch=state.epoch)
-            producer_id = next(self._next_producer_id)
-            self._producers[producer_id] = _ProducerState(epoch=0)
+        # Without a transactional id, Kafka hands out a new id even to a producer that
+        # names its current one (KIP-360's bump): its batches then start at sequence 0.
+        try:
+            producer_id = self.producers.next_producer_id()
+        except OSError as error:
+            _LOG.error("kafka_producer_id_failed", extra={"fields": {"error": str(error)}})
+            return build(schema, error_code=ErrorCode.kafka_storage_error, producer_id=-1,
+                         producer_epoch=-1)
         return build(schema, producer_id=producer_id, producer_epoch=0)
+
+    def close(self) -> None:
+        """Write the idempotent producers' snapshots (before the log closes)."""
+        self.producers.close()
 
     def handle_produce(self, request: Request):
         """Append every partition's batches. Returns None for acks=0."""
@@ -222,53 +218,53 @@ class Broker:
         first = -1
         for batch in batches:
             try:
-                code, base = self._append_batch(topic, partition, batch)
+                code, base = self._append_batch(topic, partition, batch,
+                                                 len(data) // len(batches))
             except log_errors.InvalidAppend as error:
                 _LOG.warning("kafka_append_refused", extra={"fields": {"error": str(error)}})
                 return ErrorCode.message_too_large, -1
             except log_errors.LogClosed:
+                return ErrorCode.kafka_storage_error, -1
+            except log_errors.StreamLogError as error:  # a failed or damaged partition
+                _LOG.error("kafka_append_failed", extra={"fields": {
+                    "topic": topic, "partition": partition, "error": str(error)}})
                 return ErrorCode.kafka_storage_error, -1
             if code != ErrorCode.none:
                 return code, -1
             first = base if first < 0 else first
         return ErrorCode.none, first
 
-    def _append_batch(self, topic: str, partition: int, batch) -> tuple[ErrorCode, int]:
+    def _append_batch(self, topic: str, partition: int, batch,
+                      nbytes: int) -> tuple[ErrorCode, int]:
         if batch.is_control or not len(batch):
             return ErrorCode.invalid_record if batch.is_control else ErrorCode.none, -1
         if batch.producer_id < 0:
             return ErrorCode.none, self._append(topic, partition, batch)
-        with self._producers_lock:
-            state = self._producers.get(batch.producer_id)
-            if state is None:  # a producer id from before a restart: take it as it comes
-                state = self._producers[batch.producer_id] = _ProducerState(
-                    epoch=batch.producer_epoch)
-        with state.lock:
-            if batch.producer_epoch < state.epoch:
-                return ErrorCode.invalid_producer_epoch, -1
-            if batch.producer_epoch > state.epoch:
-                state.epoch, state.batches = batch.producer_epoch, {}
-            remembered = state.batches.setdefault(
-                (topic, partition), collections.deque(maxlen=_REMEMBERED_BATCHES))
-            first_seq = batch.base_sequence
-            last_seq = first_seq + len(batch) - 1
-            for seen_first, seen_last, seen_base in remembered:
-                if (seen_first, seen_last) == (first_seq, last_seq):
-                    return ErrorCode.none, seen_base  # a retry: already appended
-            if remembered:
-                expected = (remembered[-1][1] + 1) & 0x7FFFFFFF
-                if first_seq != expected:
-                    return ErrorCode.out_of_order_sequence_number, -1
-            base = self._append(topic, partition, batch)
-            remembered.append((first_seq, last_seq, base))
-            return ErrorCode.none, base
+        if not (0 <= batch.producer_epoch and 0 <= batch.base_sequence):
+            return ErrorCode.invalid_record, -1  # a producer id without its sequence
+        decision = self.producers.produce(
+            topic, partition, batch.producer_id,
+            SequencedBatch(batch.producer_epoch, batch.base_sequence, len(batch)),
+            nbytes=nbytes,
+            append=lambda stamp: self._append(topic, partition, batch, stamp))
+        if decision.verdict in (Verdict.APPEND, Verdict.DUPLICATE):
+            return ErrorCode.none, decision.base_offset
+        _LOG.warning("kafka_sequence_refused", extra={"fields": {
+            "topic": topic, "partition": partition, "producer_id": batch.producer_id,
+            "verdict": decision.verdict.value, "reason": decision.reason}})
+        return _VERDICT_CODES[decision.verdict], -1
 
-    def _append(self, topic: str, partition: int, batch) -> int:
+    def _append(self, topic: str, partition: int, batch, stamp=None) -> int:
+        """Append a batch's records (stamped, for an idempotent producer's batch: then
+        one frame); returns the first offset once durable."""
         if batch.arrays is not None:  # no headers, no null values: columns as they are
             columns = {"value": batch.arrays["value"], "key": batch.arrays["key"]}
             if batch.base_timestamp_ms >= 0:
                 columns["timestamp"] = batch.arrays["timestamp"].to_numpy() * 1000
-            result = self.log.append_columns_sync(topic, columns, partition=partition)
+            if stamp is not None:
+                result = self.log.append_stamped_sync(topic, partition, stamp, data=columns)
+            else:
+                result = self.log.append_columns_sync(topic, columns, partition=partition)
             return result.ranges[partition][0]
         if batch.base_timestamp_ms < 0:  # the producer gave none: the append time
             stamps = None
@@ -281,9 +277,14 @@ class Broker:
         values = batch.values
         if None in values:
             values = [b"" if value is None else value for value in values]
-        result = self.log.append_batch_sync(topic, values, keys=batch.keys,
-                                            timestamps_us=stamps, partition=partition,
-                                            headers=headers)
+        if stamp is not None:
+            result = self.log.append_stamped_sync(topic, partition, stamp, values=values,
+                                                  keys=batch.keys, timestamps_us=stamps,
+                                                  headers=headers)
+        else:
+            result = self.log.append_batch_sync(topic, values, keys=batch.keys,
+                                                timestamps_us=stamps, partition=partition,
+                                                headers=headers)
         return result.ranges[partition][0]
 
     # -- consuming -------------------------------------------------------------------
@@ -448,7 +449,8 @@ def read_batches(log, topic: str, partition: int, offset: int, max_bytes: int,
             if columns.kinds is None and columns.header_lengths is None:
                 chunks = _array_chunks(columns, lo, hi)  # data only, no headers: NumPy
             else:
-                chunks = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)))
+                chunks = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)),
+                                       columns)
             for chunk, last in chunks:
                 if total + len(chunk) > max_bytes and (out or not at_least_one):
                     return out
@@ -477,25 +479,35 @@ def _columns_records(columns, partition, lo, hi):
     return columns_to_records(columns, partition, lo, hi, data_only=False)
 
 
-def _kafka_chunks(records):
-    """Encode log records as Kafka batches: runs of data, control records alone.
-    Yields (batch bytes, its last offset)."""
+def _kafka_chunks(records, columns):
+    """Encode log records (of the batch `columns`) as Kafka batches: runs of data,
+    control records alone. Yields (batch bytes, its last offset)."""
     run: list = []
     for record in records:
         if record.kind == RecordKind.DATA:
             run.append(record)
             if len(run) >= _BATCH_RECORDS_MAX:
-                yield _data_batch(run), run[-1].offset
+                yield _data_batch(run, columns), run[-1].offset
                 run = []
             continue
         if run:
-            yield _data_batch(run), run[-1].offset
+            yield _data_batch(run, columns), run[-1].offset
             run = []
         yield kafka_records.encode_control_batch(
             record.offset, record.timestamp_us // 1000,
             commit=record.kind != RecordKind.ABORT), record.offset
     if run:
-        yield _data_batch(run), run[-1].offset
+        yield _data_batch(run, columns), run[-1].offset
+
+
+def _producer_fields(columns, row: int) -> dict:
+    """The producer id, epoch and base sequence of a Kafka batch that starts at `row`
+    of the log batch `columns`, as the producer sent them (-1s: no producer)."""
+    stamp = columns.producer
+    if stamp is None:
+        return {}
+    return {"producer_id": stamp.producer_id, "producer_epoch": stamp.producer_epoch,
+            "base_sequence": stamp.sequence_at(row)}
 
 
 def _array_chunks(columns, lo: int, hi: int):
@@ -514,14 +526,15 @@ def _array_chunks(columns, lo: int, hi: int):
             columns.base_offset + start, stamps_ms[start:end], columns.key_lengths[start:end],
             columns.keys[key_offsets[start]:key_offsets[end]],
             columns.value_lengths[start:end],
-            columns.values[value_offsets[start]:value_offsets[end]]), \
-            columns.base_offset + end - 1
+            columns.values[value_offsets[start]:value_offsets[end]],
+            **_producer_fields(columns, start)), columns.base_offset + end - 1
         start = end
 
 
-def _data_batch(run) -> bytes:
+def _data_batch(run, columns) -> bytes:
     base = run[0].offset
     headers = [r.headers for r in run]
     return kafka_records.encode_columns(
         base, [r.offset - base for r in run], [r.timestamp_us // 1000 for r in run],
-        [r.key for r in run], [r.value for r in run], headers if any(headers) else None)
+        [r.key for r in run], [r.value for r in run], headers if any(headers) else None,
+        **_producer_fields(columns, base - columns.base_offset))

@@ -564,7 +564,8 @@ def encode_control_batch(offset: int, timestamp_ms: int, commit: bool,
 # -- encoding whole columns without a loop per record (the Fetch path) ------------------------
 
 def encode_arrays(base_offset: int, timestamps_ms, key_lengths, keys, value_lengths,
-                  values) -> bytes:
+                  values, *, producer_id: int = -1, producer_epoch: int = -1,
+                  base_sequence: int = -1) -> bytes:
     """The batch `encode_columns` makes for records without headers, offset deltas
     0..n-1 and no nulls but keys (key length -1), built with NumPy from the columns a
     log batch already has: `keys` and `values` are the concatenated bytes (null keys
@@ -602,8 +603,8 @@ def encode_arrays(base_offset: int, timestamps_ms, key_lengths, keys, value_leng
     position += sizes[3]
     _gather(out, position, value_bytes, values)
     payload = out.tobytes()
-    tail = struct.pack(">hiqqqhii", 0, count - 1, base_ts, max_ts, -1, -1, -1,
-                       count) + payload
+    tail = struct.pack(">hiqqqhii", 0, count - 1, base_ts, max_ts, producer_id,
+                       producer_epoch, base_sequence, count) + payload
     crc = _crc32c.crc32c(tail)
     return struct.pack(">qiibI", base_offset, len(tail) + 9, 0, 2, crc) + tail
 

@@ -19,12 +19,29 @@ of turn ends the connection with a logged reason. A request for an API or versio
 served gets UNSUPPORTED_VERSION where Kafka's schema allows an answer.
 
 TLS: when the daemon serves TLS, so does this port (clients use SASL_SSL).
+
+Shutdown (`close`, the daemon's drain): stop listening; a connection waiting for
+something without effects (its next request, a Fetch's long poll, a group's rebalance)
+is cancelled at once; one answering a request that has effects (a Produce appending, an
+OffsetCommit) finishes it, writes the answer and ends before it reads or starts
+another: a client is never left without the answer to an append that was made durable
+(it would retry it, and only the producer sequence rules keep that from duplicating).
+Requests already received but not started are dropped with the connection; their
+clients send them again. Connections still there after `drain_timeout_s` (a peer that
+does not read its answers) are cancelled. Then the broker writes its producer
+snapshots. So close returns within drain_timeout_s, plus a second, plus the snapshots.
+
+Cancellation is the whole mechanism, so nothing here may swallow one: reads are bounded
+by `asyncio.timeout`, not `asyncio.wait_for`, which on Python 3.11 returns the result of
+a read that completes as the cancel arrives and drops the cancel (CPython gh-86296): the
+connection then went on serving its client while close waited for it forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -56,6 +73,7 @@ class KafkaConfig:
     idle_timeout_s: float = 600.0  # Kafka's connections.max.idle.ms
     threads_max: int = 32
     advertised_host: str | None = None  # what Metadata names; default: the address used
+    drain_timeout_s: float = 30.0  # close() cuts connections still answering after it
 
 
 class _Closing(Exception):
@@ -68,11 +86,14 @@ class _Session:
     endpoint: Endpoint
     authenticated: bool
     raw_sasl_next: bool = False  # SaslHandshake v0: the next frame is a bare token
+    # Awaiting only what close() may cancel (see the module docstring).
+    interruptible: bool = False
 
 
 class KafkaServer:
     """`await KafkaServer.bind(config)` listens; `start(log)` serves `log`;
-    `await close()` stops listening and ends every connection."""
+    `await close()` stops listening, drains and ends every connection (see the module
+    docstring). Event-loop thread only."""
 
     def __init__(self, config: KafkaConfig) -> None:
         if config.auth not in ("plain", "none"):
@@ -82,7 +103,8 @@ class KafkaServer:
         self.broker: Broker | None = None
         self.coordinator = Coordinator()
         self._ready = asyncio.Event()
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, _Session] = {}
+        self._stopping = False
         self._pool = concurrent.futures.ThreadPoolExecutor(
             config.threads_max, thread_name_prefix="streamlog-kafka")
         self._ticker: asyncio.Task | None = None
@@ -106,14 +128,39 @@ class KafkaServer:
         self._ready.set()
 
     async def close(self) -> None:
+        """Drain and stop (see the module docstring); bounded by drain_timeout_s + 1 s
+        and the broker's snapshots. Once only."""
+        if self._stopping:
+            return
+        self._stopping = True
+        started = time.monotonic()
         if self.listener is not None:
             self.listener.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        for task, session in list(self._connections.items()):
+            if session.interruptible:
+                task.cancel()
+        tasks = list(self._connections)
+        _LOG.info("kafka_draining", extra={"fields": {"connections": len(tasks)}})
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            if pending:
+                _LOG.warning("kafka_drain_timed_out", extra={"fields": {
+                    "connections": len(pending), "seconds": self.config.drain_timeout_s}})
+                for task in pending:
+                    task.cancel()
+                await asyncio.wait(pending, timeout=1.0)
         if self._ticker is not None:
             self._ticker.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.broker is not None:
+            try:
+                await self._run(self.broker.close)
+            except Exception:  # noqa: BLE001 - the log closes anyway; a load reads more
+                _LOG.exception("kafka_broker_close_failed")
+        # Not waited for: after a timeout a thread may still be in an append, which
+        # the log's close completes.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        _LOG.info("kafka_stopped", extra={"fields": {
+            "seconds": round(time.monotonic() - started, 3)}})
 
     async def _tick(self) -> None:
         while True:
@@ -129,17 +176,19 @@ class KafkaServer:
         task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
         peer_text = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if len(self._connections) >= self.config.connections_max:
+        if self._stopping or len(self._connections) >= self.config.connections_max:
             _LOG.warning("kafka_connection_refused", extra={"fields": {
-                "peer": peer_text, "reason": "too many connections"}})
+                "peer": peer_text, "reason": "shutting down" if self._stopping
+                else "too many connections"}})
             writer.close()
             return
-        self._connections.add(task)
+        local = writer.get_extra_info("sockname")
+        endpoint = Endpoint(self.config.advertised_host or local[0], local[1])
+        session = _Session(peer_text, endpoint, self.config.auth == "none")
+        self._connections[task] = session
         try:
-            await self._ready.wait()
-            local = writer.get_extra_info("sockname")
-            endpoint = Endpoint(self.config.advertised_host or local[0], local[1])
-            session = _Session(peer_text, endpoint, self.config.auth == "none")
+            with self._interruptible(session):
+                await self._ready.wait()
             await self._serve(reader, writer, session)
         except (_Closing, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
@@ -148,18 +197,28 @@ class KafkaServer:
         except Exception:
             _LOG.exception("kafka_connection_failed", extra={"fields": {"peer": peer_text}})
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.close()
+
+    @contextlib.contextmanager
+    def _interruptible(self, session: _Session):
+        """Around an await that close() may cancel: one with no effect a client is owed
+        an answer for. Raises _Closing instead once close() has begun, so a connection
+        that finished an answer ends there."""
+        if self._stopping:
+            raise _Closing("shutting down")
+        session.interruptible = True
+        try:
+            yield
+        finally:
+            session.interruptible = False
 
     async def _serve(self, reader, writer, session: _Session) -> None:
         frames = codec.FrameReader(self.config.frame_bytes_max if session.authenticated
                                    else UNAUTHENTICATED_FRAME_BYTES_MAX)
         while True:
-            try:
-                data = await asyncio.wait_for(reader.read(_READ_CHUNK_BYTES),
-                                              self.config.idle_timeout_s)
-            except asyncio.TimeoutError:
-                self._closing(session, "idle")
+            with self._interruptible(session):
+                data = await self._read(reader, session)
             if not data:
                 return
             frames.receive(data)
@@ -170,6 +229,8 @@ class KafkaServer:
                     self._closing(session, str(error))
                 if frame is None:
                     break
+                if self._stopping:  # received, not started: the client sends it again
+                    raise _Closing("shutting down")
                 try:
                     out = await self._answer(frame, session)
                 except _AuthFailed as failed:
@@ -181,6 +242,15 @@ class KafkaServer:
                     await writer.drain()
                 if session.authenticated:
                     frames.frame_bytes_max = self.config.frame_bytes_max
+
+    async def _read(self, reader, session: _Session) -> bytes:
+        """The next bytes from the peer (b"" at its end); silence for idle_timeout_s
+        ends the connection. asyncio.timeout, not wait_for: see the module docstring."""
+        try:
+            async with asyncio.timeout(self.config.idle_timeout_s):
+                return await reader.read(_READ_CHUNK_BYTES)
+        except TimeoutError:
+            self._closing(session, "idle")
 
     def _closing(self, session: _Session, reason: str):
         _LOG.warning("kafka_connection_closed", extra={"fields": {
@@ -291,8 +361,9 @@ class KafkaServer:
             tasks = [asyncio.ensure_future(partition.ring.wait_async(end, remaining))
                      for partition, end in waits]
             try:
-                await asyncio.wait(tasks, timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                with self._interruptible(session):
+                    await asyncio.wait(tasks, timeout=remaining,
+                                       return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for task in tasks:
                     task.cancel()
@@ -303,20 +374,22 @@ class KafkaServer:
         body = request.body
         session_s = body.session_timeout.total_seconds()
         rebalance = getattr(body, "rebalance_timeout", None)
-        result = await self.coordinator.join(
-            body.group_id, body.member_id,
-            group_instance_id=getattr(body, "group_instance_id", None),
-            client_id=request.client_id or "", session_timeout_s=session_s,
-            rebalance_timeout_s=rebalance.total_seconds() if rebalance else session_s,
-            protocol_type=body.protocol_type,
-            protocols=[(p.name, p.metadata) for p in body.protocols])
+        with self._interruptible(session):  # a rebalance wait: nothing durable
+            result = await self.coordinator.join(
+                body.group_id, body.member_id,
+                group_instance_id=getattr(body, "group_instance_id", None),
+                client_id=request.client_id or "", session_timeout_s=session_s,
+                rebalance_timeout_s=rebalance.total_seconds() if rebalance else session_s,
+                protocol_type=body.protocol_type,
+                protocols=[(p.name, p.metadata) for p in body.protocols])
         return build(response_schema(request), **dataclasses.asdict(result))
 
     async def _on_SyncGroup(self, request: Request, session: _Session):
         body = request.body
-        code, assignment = await self.coordinator.sync(
-            body.group_id, body.generation_id, body.member_id,
-            {a.member_id: a.assignment for a in body.assignments})
+        with self._interruptible(session):  # waits for the leader: nothing durable
+            code, assignment = await self.coordinator.sync(
+                body.group_id, body.generation_id, body.member_id,
+                {a.member_id: a.assignment for a in body.assignments})
         group = self.coordinator.groups.get(body.group_id)
         return build(response_schema(request), error_code=code, assignment=assignment,
                      protocol_type=group.protocol_type if group else None,

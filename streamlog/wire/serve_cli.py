@@ -9,7 +9,11 @@ of the machine); without one the daemon refuses to start (exit 2, one line). The
 port and the metrics port (default: the data port + 1) are bound first, then the log is
 opened (created when missing), so a port in use fails before anything is created. It
 logs JSON lines on stderr (the first, "listening", names the ports) and on SIGTERM or
-SIGINT drains (module docstring of server.py) and exits 0.
+SIGINT drains both ports at once (server.py's and kafka/server.py's module docstrings),
+closes the log and exits 0: within drain_timeout_s (30 s) and about a second, plus the
+log's close, even with clients that never read their answers. The signal handlers are
+installed before anything is bound, so a signal is never lost; one that comes during
+the open drains as soon as the log is open.
 
 Exit codes: 0 after a drain; 1 the log cannot be opened (corruption, a data error);
 2 usage: no token, bad TLS files, a port that cannot be bound (in use, not allowed;
@@ -240,9 +244,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
             "tls": bool(config.tls_cert)}})
     await server.start(listeners)
     await stop.wait()
-    if kafka is not None:
-        await kafka.close()  # before the drain closes the log
-    await server.drain()
+    # Both ports drain at once, and both before the log closes (server.drain).
+    await server.drain(beside=[kafka.close()] if kafka is not None else [])
     return EXIT_OK
 
 
@@ -255,7 +258,7 @@ async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):
     return await KafkaServer.bind(KafkaConfig(
         token=config.token, host=config.host, port=args.kafka_port, auth=args.kafka_auth,
         tls=tls_context(config), connections_max=config.connections_max,
-        frame_bytes_max=config.frame_bytes_max))
+        frame_bytes_max=config.frame_bytes_max, drain_timeout_s=config.drain_timeout_s))
 
 
 def _open_log(args: argparse.Namespace, metrics: Metrics):

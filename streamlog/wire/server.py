@@ -363,13 +363,17 @@ class LogServer:
         finally:
             self.sessions.discard(session)
 
-    async def drain(self) -> None:
-        """Graceful shutdown; see the module docstring. Idempotent."""
+    async def drain(self, *, beside=()) -> None:
+        """Graceful shutdown; see the module docstring. Idempotent. `beside`:
+        coroutines that drain other listeners of the same log (the Kafka port's), run
+        at the same time as this port's drain and finished before the log is closed;
+        each must bound its own time."""
         if self.draining:
             return
         self.draining = True
         started = time.monotonic()
         event(logging.INFO, "draining", connections=len(self.sessions))
+        others = [asyncio.ensure_future(other) for other in beside]
         for server in self._servers[:1]:
             server.close()
         sessions = list(self.sessions)
@@ -382,6 +386,9 @@ class LogServer:
                 session.abort("drain timed out")
             for future in pending:
                 future.cancel()
+        for outcome in await asyncio.gather(*others, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                event(logging.ERROR, "drain_failed", reason=repr(outcome))
         await self.blocking(self.log.close)
         for server in self._servers[1:]:
             server.close()
