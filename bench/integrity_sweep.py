@@ -7,7 +7,7 @@ Command (from the repository root; `./dev bench integrity_sweep` runs the same):
     .venv/bin/python bench/integrity_sweep.py --max-segment-flips 1500 --index-flips 300
                                                                     # a quicker sample
 
-Builds the log under test (streamlog/testing/damage.py: 2 streams, zstd and none, 2
+Builds the log under test (tests/harness/damage.py: 2 streams, zstd and none, 2
 partitions each, >= 3 segments per partition, committed and aborted transactions,
 fsync="always", closed cleanly), then, each fault on a fresh copy:
 
@@ -39,12 +39,15 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+_ROOT = Path(__file__).resolve().parent.parent
+# The repository root, then tests/: it holds the harness package (harness.damage), which
+# is test tooling and not part of the installed streamlog.
+sys.path[0:0] = [str(_ROOT), str(_ROOT / "tests")]
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
     DEFAULT_WORKDIR, fresh_dir, progress, remove, write_results)
 
-from streamlog.testing import damage  # noqa: E402
+from harness import damage  # noqa: E402
 
 
 def parse_args(argv):

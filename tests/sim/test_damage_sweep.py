@@ -2,7 +2,7 @@
 
 One small log (2 streams, zstd and uncompressed, 2 partitions each, >= 3 segments per
 partition, transactions committed and aborted) is built from SEED, then fresh copies of
-it are damaged one fault at a time (streamlog/testing/damage.py says how each fault is
+it are damaged one fault at a time (tests/harness/damage.py says how each fault is
 judged):
 
   * one bit of every header byte of every frame of one partition, plus a payload sample:
@@ -27,7 +27,7 @@ import random
 
 import pytest
 
-from streamlog.testing import damage
+from harness import damage
 
 SEED = int(os.environ.get("STREAMLOG_DAMAGE_SEED", "20260101"))
 BATCHES = 10  # per partition: ~10-15 frames, 3-4 segments

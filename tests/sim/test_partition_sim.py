@@ -1,4 +1,4 @@
-"""A whole partition, simulated from a seed (streamlog/testing/sim.py, VOPR style).
+"""A whole partition, simulated from a seed (tests/harness/sim.py, VOPR style).
 
 Each seed drives one log through appends (single records, batches, footprints, clock or
 explicit timestamps, headers), transactions committed or aborted, segment rolls, clock
@@ -30,8 +30,8 @@ import pytest
 
 import streamlog
 from streamlog.testing.clock import ManualClock
-from streamlog.testing.sim import (INTERRUPTIBLE, OPERATIONS, VIOLATIONS, ContractViolations,
-                                   Rec, SimulationFailure, Simulator)
+from harness.sim import (INTERRUPTIBLE, OPERATIONS, VIOLATIONS, ContractViolations, Rec,
+                         SimulationFailure, Simulator)
 from test_faults import snapshot
 
 # The swarm's seeds, then seeds kept because they find a bug the others miss.

@@ -31,8 +31,11 @@ and bench/integrity_sweep.py import them from one place.
 
 Run as a program, this module is the two helper processes:
 
-    python -m streamlog.testing.damage tail-writer LOG SEED
-    python -m streamlog.testing.damage index-worker BUILT_PICKLE
+    python -m harness.damage tail-writer LOG SEED
+    python -m harness.damage index-worker BUILT_PICKLE
+
+with tests/ and the directory holding streamlog on PYTHONPATH (`_helper_command` and
+`_helper_env` start them so: the worker unpickles `harness.damage` classes).
 
 Why ~1,400 lines: one harness for every kind of fault (segment and index flips, kills),
 with the expected answers each is judged against; it is test tooling, not the product.
@@ -67,7 +70,7 @@ from streamlog.frame import (CODEC_ZSTD, HEADER_BYTES, INCOMPLETE, Frame, decode
 from streamlog.records import RecordKind
 from streamlog.txn import TxnState, encode_commit
 
-from .faultfs import flip_bit
+from streamlog.testing.faultfs import flip_bit
 
 # -- the log under test ------------------------------------------------------------------
 
@@ -996,13 +999,12 @@ class IndexSweep:
         self._stderr_mark = 0
 
     def _start(self) -> None:
-        env = dict(os.environ)
+        env = _helper_env()
         env["PYTHONFAULTHANDLER"] = "1"
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "streamlog.testing.damage", "index-worker",
-                 self.pickle_path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=stderr, env=env)
+                _helper_command("index-worker", self.pickle_path), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=stderr, env=env)
 
     def run(self, target: IndexTarget) -> dict:
         if self.process is None or self.process.poll() is not None:
@@ -1215,9 +1217,9 @@ class TailResult:
 def run_tail_writer(path: str, seed: int, run_s: float, stderr_path: str):
     """Start the writer, SIGKILL it `run_s` seconds after READY; returns
     (started seqs, {seq: (first, count)} acknowledged)."""
-    process = subprocess.Popen([sys.executable, "-m", "streamlog.testing.damage",
-                                "tail-writer", path, str(seed)], stdout=subprocess.PIPE,
-                               stderr=open(stderr_path, "wb"), text=True, bufsize=1)
+    process = subprocess.Popen(_helper_command("tail-writer", path, str(seed)),
+                               stdout=subprocess.PIPE, stderr=open(stderr_path, "wb"),
+                               text=True, bufsize=1, env=_helper_env())
     lines: list[str] = []
     ready = threading.Event()
 
@@ -1411,6 +1413,26 @@ def summarize_tail(results: list[TailResult]) -> dict:
 
 
 # -- entry point for the helper processes -------------------------------------------------
+
+def _helper_command(*argv: str) -> list[str]:
+    """The command line of a helper process: this module, by its module path."""
+    return [sys.executable, "-m", "harness.damage", *argv]
+
+
+def _helper_env() -> dict[str, str]:
+    """The environment of a helper process: this one's, with tests/ (which holds the
+    `harness` package) and the directory of the streamlog this process runs first on
+    PYTHONPATH, so the child imports the same code, whatever its working directory."""
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    streamlog_root = os.path.dirname(os.path.dirname(os.path.abspath(streamlog.__file__)))
+    assert os.path.isfile(os.path.join(tests_dir, "harness", "__init__.py")), tests_dir
+    assert os.path.isdir(os.path.join(streamlog_root, "streamlog")), streamlog_root
+    env = dict(os.environ)
+    inherited = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([tests_dir, streamlog_root,
+                                                       *inherited]))
+    return env
+
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["tail-writer"] and len(argv) == 3:
