@@ -277,14 +277,16 @@ def segment_events(segment, chunk_bytes: int = CHUNK_BYTES):
 
 def _header_fields(segment, position: int) -> dict | None:
     try:
-        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
+        header = decode_header(segment.read(position, HEADER_BYTES), 0)
     except CorruptFrame:
         return None
-    if fields is INCOMPLETE:
+    if header is INCOMPLETE:
         return None
-    return {"base_offset": fields[4], "last_offset": fields[4] + fields[8] - 1,
-            "count": fields[8], "min_timestamp_us": fields[5], "max_timestamp_us": fields[6],
-            "txn_id": fields[7], "flags": fields[2], "payload_bytes": fields[9]}
+    return {"base_offset": header.base_offset,
+            "last_offset": header.base_offset + header.record_count - 1,
+            "count": header.record_count, "min_timestamp_us": header.min_timestamp_us,
+            "max_timestamp_us": header.max_timestamp_us, "txn_id": header.txn_id,
+            "flags": header.flags, "payload_bytes": header.payload_bytes}
 
 
 def payload_problem(frame: Frame) -> str | None:

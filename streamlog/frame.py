@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import NamedTuple
 
 import xxhash
 
@@ -85,6 +86,35 @@ SEQUENCE_MAX = (1 << 31) - 1  # Kafka's sequence numbers: int32, wrapping to 0 a
 # No frame is ever larger than this, whatever the config: a length field above it is
 # corruption, not a frame we have not finished reading.
 FRAME_BYTES_LIMIT = 1 << 30
+
+
+class FrameHeader(NamedTuple):
+    """A decoded, checked frame header (decode_header): the fields of the layout table
+    above, in its order (the two reserved fields are named by their offset). A
+    NamedTuple, made straight from the tuple `HEADER.unpack_from` gives."""
+
+    magic: int
+    version: int
+    flags: int
+    reserved_6: int
+    base_offset: int
+    min_timestamp_us: int
+    max_timestamp_us: int
+    txn_id: int
+    record_count: int
+    payload_bytes: int  # stored (possibly compressed) payload, any producer stamp included
+    raw_bytes: int
+    reserved_52: int
+    payload_checksum: int
+    header_checksum: int
+
+    @property
+    def frame_bytes(self) -> int:
+        """The whole frame's size: this header and its stored payload."""
+        return HEADER_BYTES + self.payload_bytes
+
+
+assert len(FrameHeader._fields) == len(HEADER.unpack(bytes(HEADER_BYTES)))
 
 
 class _Incomplete:
@@ -217,26 +247,37 @@ def encode_frame_from_parts(*, base_offset: int, record_count: int, min_timestam
     return frame
 
 
-def decode_header(buf, position: int = 0):
-    """Decode and check a header. Returns the unpacked fields, INCOMPLETE, or raises."""
+def decode_header(buf, position: int = 0) -> FrameHeader | _Incomplete:
+    """Decode and check the header at `position`. Returns a FrameHeader, or INCOMPLETE
+    when `buf` ends inside a header that may still become valid; raises CorruptFrame."""
+    fields = _checked_header(buf, position)
+    return fields if fields is INCOMPLETE else FrameHeader._make(fields)
+
+
+def _checked_header(buf, position: int):
+    """decode_header's checks, returning the plain tuple `HEADER.unpack_from` gives
+    (FrameHeader's fields, in its order) or INCOMPLETE. decode_frame runs this once a
+    frame in every scan, where making a FrameHeader costs a measurable share of the
+    scan, so it takes the tuple apart into named locals instead."""
     if len(buf) - position < HEADER_BYTES:
         if _magic_prefix_ok(buf, position):
             return INCOMPLETE
         raise CorruptFrame("bad magic", position)
     fields = HEADER.unpack_from(buf, position)
-    if fields[0] != MAGIC:
+    (magic, version, flags, _, base_offset, min_timestamp_us, max_timestamp_us, _,
+     record_count, payload_bytes, raw_bytes, _, _, header_checksum) = fields
+    if magic != MAGIC:
         raise CorruptFrame("bad magic", position)
-    header_checksum = xxhash.xxh3_64_intdigest(memoryview(buf)[position:position + 64])
-    if header_checksum != fields[13]:
+    if xxhash.xxh3_64_intdigest(memoryview(buf)[position:position + 64]) != header_checksum:
         raise CorruptFrame("header checksum mismatch", position)
-    if fields[1] != VERSION:
-        raise CorruptFrame(f"unknown format version {fields[1]}", position)
-    if fields[2] & ~FLAGS_KNOWN or fields[2] & CODEC_MASK > CODEC_ZSTD:
-        raise CorruptFrame(f"unknown flags {fields[2]:#x}", position)
-    if fields[8] < 1 or fields[4] < 0 or fields[5] > fields[6]:
+    if version != VERSION:
+        raise CorruptFrame(f"unknown format version {version}", position)
+    if flags & ~FLAGS_KNOWN or flags & CODEC_MASK > CODEC_ZSTD:
+        raise CorruptFrame(f"unknown flags {flags:#x}", position)
+    if record_count < 1 or base_offset < 0 or min_timestamp_us > max_timestamp_us:
         raise CorruptFrame("impossible header values", position)
-    if fields[9] > FRAME_BYTES_LIMIT or fields[10] > FRAME_BYTES_LIMIT or (
-            fields[2] & FLAG_HAS_PRODUCER and fields[9] < STAMP_BYTES):
+    if payload_bytes > FRAME_BYTES_LIMIT or raw_bytes > FRAME_BYTES_LIMIT or (
+            flags & FLAG_HAS_PRODUCER and payload_bytes < STAMP_BYTES):
         raise CorruptFrame("impossible payload length", position)
     return fields
 
@@ -252,34 +293,36 @@ def decode_frame(buf, position: int = 0) -> Frame | _Incomplete:
     Returns a Frame whose payload is a view into `buf`, or INCOMPLETE when `buf` ends
     before the frame does. Raises CorruptFrame for bytes that can never be a frame.
     """
-    fields = decode_header(buf, position)
+    fields = _checked_header(buf, position)
     if fields is INCOMPLETE:
         return INCOMPLETE
-    payload_bytes = fields[9]
+    (_, _, flags, _, base_offset, min_timestamp_us, max_timestamp_us, txn_id, record_count,
+     payload_bytes, raw_bytes, _, payload_checksum, _) = fields
     start = position + HEADER_BYTES
     if len(buf) - start < payload_bytes:
         return INCOMPLETE
     payload = memoryview(buf)[start:start + payload_bytes]
-    if xxhash.xxh3_64_intdigest(payload) != fields[12]:
+    if xxhash.xxh3_64_intdigest(payload) != payload_checksum:
         raise CorruptFrame("payload checksum mismatch", position)
     producer = None
-    if fields[2] & FLAG_HAS_PRODUCER:
+    if flags & FLAG_HAS_PRODUCER:
         producer = decode_stamp(buf, start)
         payload = payload[STAMP_BYTES:]
-    return Frame(position=position, base_offset=fields[4], record_count=fields[8],
-                 min_timestamp_us=fields[5], max_timestamp_us=fields[6], txn_id=fields[7],
-                 flags=fields[2], raw_bytes=fields[10], payload=payload, producer=producer)
+    return Frame(position=position, base_offset=base_offset, record_count=record_count,
+                 min_timestamp_us=min_timestamp_us, max_timestamp_us=max_timestamp_us,
+                 txn_id=txn_id, flags=flags, raw_bytes=raw_bytes, payload=payload,
+                 producer=producer)
 
 
 def frame_size_hint(buf, position: int) -> int | None:
     """Total size of the frame at `position` if its header is intact, else None."""
     try:
-        fields = decode_header(buf, position)
+        header = decode_header(buf, position)
     except CorruptFrame:
         return None
-    if fields is INCOMPLETE:
+    if header is INCOMPLETE:
         return None
-    return HEADER_BYTES + fields[9]
+    return header.frame_bytes
 
 
 def _magic_prefix_ok(buf, position: int) -> bool:

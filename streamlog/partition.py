@@ -39,7 +39,7 @@ from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .layout import DELETED_SUFFIX, SEGMENT_SUFFIX, parse_segment_name
 from .seal import SEAL_SUFFIX
 from .payload import Columns, decode_columns
-from .recovery import RecoveryReport, recover
+from .recovery import PartitionRecovery, recover
 from .segment import Segment
 from .segments import Segments
 from .tail import TailRing
@@ -87,7 +87,7 @@ class Partition:
         self._index_problem: str | None = None
         self.index = self._open_index()
         self._snapshot = Snapshot(0, 0, None, None, Segments())
-        self.report = RecoveryReport()
+        self.report = PartitionRecovery()
         self.active_position = 0
         self._end_number = 0
         # Read-only: (offset, CorruptSegment) where acknowledged data is damaged; a
@@ -976,10 +976,10 @@ def _header_checksum(segment: Segment, position: int) -> int | None:
     """The header checksum of the frame at `position` (it covers the payload's), or
     None when no intact frame header is there."""
     try:
-        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
+        header = decode_header(segment.read(position, HEADER_BYTES), 0)
     except CorruptFrame:
         return None
-    return None if fields is INCOMPLETE else fields[13]  # fields[13]: header_checksum
+    return None if header is INCOMPLETE else header.header_checksum
 
 
 class _Exclusive:

@@ -22,13 +22,16 @@ from .index import NO_HWM, Index, IndexEntry, RecoveryPoint
 from .integrity import ACTIONS, Action, IndexClaim, Observation, TailKind, Verdict, decide
 from .payload import advance_hwm, decode_columns, frame_time_us
 from .txn import frame_events
-from .walk import WalkEnd, continues_after, frame_at, observe, walk
+from .walk import FrameDamage, WalkEnd, continues_after, frame_at, observe, walk
 
 log = logging.getLogger("streamlog.recovery")
 
 
 @dataclasses.dataclass
-class RecoveryReport:
+class PartitionRecovery:
+    """What opening (or catching up with) a partition found in its files and did about
+    it: the verdict, what was walked, indexed and cut. `info` shows it (as_dict)."""
+
     verdict: Verdict = Verdict.CLEAN
     scanned_bytes: int = 0
     truncated_bytes: int = 0
@@ -98,10 +101,10 @@ def _check_point(segments, index: Index, point: RecoveryPoint) -> Claim:
     if holder is None:
         return Claim(IndexClaim.DISAGREES, problem="entry names a missing segment")
     found = frame_at(segments[holder], entry.position)
-    if isinstance(found, str):  # the last durable frame is damaged
-        kind = TailKind.SHORT if "cut short" in found else TailKind.BAD
+    if isinstance(found, FrameDamage):  # the last durable frame is damaged
         return Claim(IndexClaim.CONFIRMED, point, WalkEnd(
-            kind, holder, entry.position, entry.base_offset, f"durable frame damaged: {found}"))
+            found.kind, holder, entry.position, entry.base_offset,
+            f"durable frame damaged: {found.reason}"))
     if (found.base_offset, found.record_count, found.size) != (
             entry.base_offset, entry.record_count, entry.frame_bytes):
         return Claim(IndexClaim.DISAGREES, problem="entry disagrees with its frame")
@@ -115,7 +118,7 @@ def _point_follows(entry: IndexEntry, point: RecoveryPoint) -> bool:
 
 
 def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
-            progress=None) -> tuple[ScanState, RecoveryReport]:
+            progress=None) -> tuple[ScanState, PartitionRecovery]:
     """Recover a partition from `segments` (ascending, at least one).
 
     Writable: truncates a torn or stale tail (dropping now-empty later segments from
@@ -124,7 +127,7 @@ def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
     then recreates it).
     """
     started = time.monotonic()
-    report = RecoveryReport()
+    report = PartitionRecovery()
     claim = claim_index(segments, index)
     if claim.kind in (IndexClaim.UNREADABLE, IndexClaim.DISAGREES):
         report.verdict = decide(Observation(claim.kind, TailKind.END, False, False))
@@ -152,14 +155,14 @@ def recover(segments: list, index: Index, *, writable: bool, chunk_bytes: int,
 
 
 def catch_up(segments: list, index: Index, *, start: RecoveryPoint,
-             chunk_bytes: int) -> tuple[ScanState, RecoveryReport]:
+             chunk_bytes: int) -> tuple[ScanState, PartitionRecovery]:
     """A writer, holding the partition's commit lock, takes in what writers in other
     processes appended after its own end `start` (a point it wrote or walked itself, so
     it is confirmed). Their frames are indexed already; frames a writer killed after
     writing left unindexed are indexed here. How the walk ends is judged by the same
     table as an open: a torn or stale tail (a writer killed mid-write: nobody else can
     be writing now) is cut; damage raises CorruptSegment."""
-    report = RecoveryReport()
+    report = PartitionRecovery()
     number = next(n for n, s in enumerate(segments) if s.base_offset == start.segment_base)
     indexed = index.last_entry.next_offset if index.last_entry is not None else 0
     state, end = index_from(segments, index, number=number, position=start.position,
@@ -175,7 +178,7 @@ def catch_up(segments: list, index: Index, *, start: RecoveryPoint,
     return state, report
 
 
-def _judge(segments, index: Index, claim: Claim, report: RecoveryReport, state: ScanState,
+def _judge(segments, index: Index, claim: Claim, report: PartitionRecovery, state: ScanState,
            end: WalkEnd, writable: bool, chunk_bytes: int) -> None:
     """Classify how the walk ended (integrity.decide) and carry out the action."""
     durable = (claim.point.segment_base, claim.point.position) if claim.point else None
@@ -186,7 +189,7 @@ def _judge(segments, index: Index, claim: Claim, report: RecoveryReport, state: 
     _act(segments, index, report, state, end, writable)
 
 
-def _walk_tail(segments, index: Index, claim: Claim, report: RecoveryReport,
+def _walk_tail(segments, index: Index, claim: Claim, report: PartitionRecovery,
                chunk_bytes: int, progress) -> tuple[ScanState, WalkEnd]:
     """Index every valid frame after the recovery point; return the state and where
     the valid frames end."""
@@ -251,7 +254,7 @@ def index_from(segments, index: Index, *, number: int, position: int, next_offse
     return state, end
 
 
-def _act(segments, index: Index, report: RecoveryReport, state: ScanState, end: WalkEnd,
+def _act(segments, index: Index, report: PartitionRecovery, state: ScanState, end: WalkEnd,
          writable: bool) -> None:
     """Carry out the table's action for the verdict."""
     action = ACTIONS[report.verdict][0 if writable else 1]

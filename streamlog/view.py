@@ -390,10 +390,10 @@ class View:
 def _header_base(segment, position: int) -> int | None:
     """Base offset in the (checksummed) frame header at `position`, or None."""
     try:
-        fields = decode_header(segment.read(position, HEADER_BYTES), 0)
+        header = decode_header(segment.read(position, HEADER_BYTES), 0)
     except CorruptFrame:
         return None
-    return None if fields is INCOMPLETE else fields[4]  # fields[4]: base_offset
+    return None if header is INCOMPLETE else header.base_offset
 
 
 def _corrupt_read(segment, position: int, reason: str) -> CorruptSegment:

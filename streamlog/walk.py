@@ -141,21 +141,36 @@ def observe(claim: IndexClaim, end: WalkEnd, *, continues: bool,
     return Observation(claim, kind, continues, in_durable)
 
 
-def frame_at(segment, position: int) -> Frame | str:
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrameDamage:
+    """Why there is no whole valid frame at a position (frame_at): the file ends inside
+    it (`TailKind.SHORT`) or its bytes can never be one (`TailKind.BAD`). `reason` is
+    the words shown to users."""
+
+    kind: TailKind
+    reason: str
+
+    def __post_init__(self) -> None:
+        assert self.kind in (TailKind.SHORT, TailKind.BAD), self.kind
+        assert self.reason
+
+
+def frame_at(segment, position: int) -> Frame | FrameDamage:
     """The whole valid frame at `position` of `segment`, or why there is none."""
     head = segment.read(position, HEADER_BYTES)
     try:
-        fields = decode_header(head, 0)
+        header = decode_header(head, 0)
     except CorruptFrame as error:
-        return error.reason
-    if fields is INCOMPLETE:
-        return "frame cut short: the file ends inside its header"
-    size = HEADER_BYTES + fields[9]  # fields[9]: payload_bytes (frame.py's table)
+        return FrameDamage(TailKind.BAD, error.reason)
+    if header is INCOMPLETE:
+        return FrameDamage(TailKind.SHORT, "frame cut short: the file ends inside its header")
+    size = header.frame_bytes
     data = segment.read(position, size)
     try:
         frame = decode_frame(data, 0)
     except CorruptFrame as error:
-        return error.reason
+        return FrameDamage(TailKind.BAD, error.reason)
     if frame is INCOMPLETE:
-        return f"frame cut short: {len(data)} of its {size} bytes are in the file"
+        return FrameDamage(TailKind.SHORT,
+                           f"frame cut short: {len(data)} of its {size} bytes are in the file")
     return dataclasses.replace(frame, position=position)

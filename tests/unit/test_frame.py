@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from streamlog.errors import CorruptFrame, CorruptionError
 from streamlog.frame import (CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS,
                              FRAME_BYTES_LIMIT, HEADER, HEADER_BYTES, INCOMPLETE, MAGIC,
-                             MAGIC_BYTES, VERSION, Frame, decode_frame, decode_header,
-                             encode_frame, frame_size_hint)
+                             MAGIC_BYTES, VERSION, Frame, FrameHeader, decode_frame,
+                             decode_header, encode_frame, frame_size_hint)
 
 
 def make_frame(*, base_offset: int = 0, payload: bytes = b"hello, frame", record_count: int = 1,
@@ -243,9 +243,25 @@ def test_frame_size_hint():
 def test_decode_header_three_ways():
     data = make_frame(base_offset=4)
     assert decode_header(data[:10]) is INCOMPLETE
-    assert decode_header(data)[4] == 4
+    assert decode_header(data).base_offset == 4
     with pytest.raises(CorruptFrame):
         decode_header(b"nope" + data)
+
+
+def test_decode_header_names_every_field_of_the_table():
+    data = make_frame(base_offset=7, payload=b"p" * 30, record_count=3, min_timestamp_us=10,
+                      max_timestamp_us=20, txn_id=9, flags=FLAG_HAS_HEADERS, raw_bytes=40)
+    header = decode_header(b"xx" + data, 2)
+    assert isinstance(header, FrameHeader)
+    assert (header.magic, header.version, header.flags) == (MAGIC, VERSION, FLAG_HAS_HEADERS)
+    assert (header.base_offset, header.record_count, header.txn_id) == (7, 3, 9)
+    assert (header.min_timestamp_us, header.max_timestamp_us) == (10, 20)
+    assert (header.payload_bytes, header.raw_bytes) == (30, 40)
+    assert header.payload_checksum == xxhash.xxh3_64_intdigest(b"p" * 30)
+    assert header.header_checksum == xxhash.xxh3_64_intdigest(data[:64])
+    assert (header.reserved_6, header.reserved_52) == (0, 0)
+    assert header.frame_bytes == len(data)
+    assert tuple(header) == HEADER.unpack_from(data, 0)
 
 
 # -- fuzz: garbage and mutations -----------------------------------------------------

@@ -4,7 +4,7 @@ seen, and what counts as a frame that continues the partition."""
 from streamlog.frame import encode_frame
 from streamlog.integrity import IndexClaim, TailKind, Verdict, decide
 from streamlog.payload import encode_payload
-from streamlog.walk import continues_after, observe, walk
+from streamlog.walk import FrameDamage, continues_after, frame_at, observe, walk
 
 
 class MemorySegment:
@@ -99,3 +99,21 @@ def test_a_sealed_segment_is_passed_over_with_its_recorded_end():
     end = walk([first, second], number=0, position=0, next_offset=0, chunk_bytes=64,
                sealed=lambda n: 5 if n == 0 else None)
     assert end.kind is TailKind.GAP  # the seal says it ended at 5: offset 5 is missing
+
+
+def test_frame_at_says_what_kind_of_damage_it_found():
+    data = frame(0) + frame(3)
+    found = frame_at(MemorySegment(0, data), len(frame(0)))
+    assert (found.base_offset, found.position) == (3, len(frame(0)))
+    header_cut = frame_at(MemorySegment(0, data[:len(frame(0)) + 30]), len(frame(0)))
+    assert header_cut == FrameDamage(TailKind.SHORT,
+                                     "frame cut short: the file ends inside its header")
+    payload_cut = frame_at(MemorySegment(0, data[:-2]), len(frame(0)))
+    size = len(frame(3))
+    assert payload_cut == FrameDamage(
+        TailKind.SHORT, f"frame cut short: {size - 2} of its {size} bytes are in the file")
+    flipped = bytearray(data)
+    flipped[-3] ^= 1
+    assert frame_at(MemorySegment(0, bytes(flipped)), len(frame(0))) == FrameDamage(
+        TailKind.BAD, "payload checksum mismatch")
+    assert frame_at(MemorySegment(0, data), 5) == FrameDamage(TailKind.BAD, "bad magic")
