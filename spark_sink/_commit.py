@@ -230,14 +230,14 @@ def _append_runs(target, stream: str, number: int, runs, *, txn_id: int) -> None
     rows_max = _chunk_rows(target, runs)
     if _columnar(target, runs):  # Arrow in, no conversion to Python objects
         import pyarrow as pa
-        for chunk in _chunks(runs, rows_max):
+        for chunk in chunks(runs, rows_max):
             table = pa.Table.from_batches(chunk).select(["value", "key", "timestamp"])
             target.append_columns_sync(stream, table, partition=number, txn_id=txn_id)
         return
     with concurrent.futures.ThreadPoolExecutor(1, "streamlog-sink-append") as pool:
         pending = None
-        for chunk in _chunks(runs, rows_max):
-            columns = _python_columns(chunk)
+        for chunk in chunks(runs, rows_max):
+            columns = python_columns(chunk)
             if pending is not None:
                 pending.result()
             pending = pool.submit(target.append_batch_sync, stream, columns[0],
@@ -270,7 +270,7 @@ def _chunk_rows(target, runs) -> int:
     return max(1, min(config.batch_records_max, CHUNK_ROWS, by_bytes))
 
 
-def _chunks(runs, rows_max: int):
+def chunks(runs, rows_max: int):
     """Yield lists of batch slices holding exactly rows_max rows (the last fewer)."""
     pending, rows = [], 0
     for batch in runs:
@@ -287,7 +287,7 @@ def _chunks(runs, rows_max: int):
         yield pending
 
 
-def _python_columns(batches):
+def python_columns(batches):
     """values, keys, timestamps and headers of staged slices as Python lists."""
     import pyarrow as pa
     table = pa.Table.from_batches(batches)

@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import logging
 
-from streamlog import InvalidArgument, StreamLogError
-from streamlog.txn import TxnState
+from streamlog import InvalidArgument, StreamLogError, TxnState
 
-from ._commit import CHUNK_ROWS, _chunks, _python_columns
+from ._commit import CHUNK_ROWS, chunks, python_columns
 from ._staging import split_by_partition
 
 log = logging.getLogger("streamlog.spark")
@@ -96,8 +95,8 @@ def append_task(options, columns, iterator, *, tag: str | None = None,
                 for number, run in split_by_partition(staged):
                     if number not in txns:
                         txns[number] = _begin(target, options.stream, number, tag, task)
-                    for chunk in _chunks([run], CHUNK_ROWS):
-                        values, keys, timestamps, headers = _python_columns(chunk)
+                    for chunk in chunks([run], CHUNK_ROWS):
+                        values, keys, timestamps, headers = python_columns(chunk)
                         target.append_batch_sync(options.stream, values, keys=keys,
                                                  timestamps_us=timestamps, partition=number,
                                                  headers=headers, txn_id=txns[number][0])

@@ -21,6 +21,7 @@ from .errors import BufferFull, ProducerTimeout
 from .producer import Producer, RecordFuture
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
+from .txn import TxnState
 
 # The operator layer (streamlog.operators) is exported here too, imported on first use:
 # it loads Arrow compute and msgpack, which a plain append or read does not need.
@@ -34,10 +35,14 @@ def __getattr__(name: str):
     if name in _OPERATOR_NAMES:
         from . import operators
         return getattr(operators, name)
+    if name == "RemoteLog":  # the daemon's client (open_log("streamlog://...")), on first use
+        from .wire.client import RemoteLog
+        return RemoteLog
     raise AttributeError(f"module 'streamlog' has no attribute {name!r}")
 
 __all__ = [
-    "open_log", "writer_in_this_process", "Log", "LogAPI", "Reader", "LogConfig", "FsyncPolicy", "Compression",
+    "open_log", "writer_in_this_process", "Log", "LogAPI", "RemoteLog", "Reader", "LogConfig",
+    "FsyncPolicy", "Compression", "TxnState",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
     "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",

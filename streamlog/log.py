@@ -10,19 +10,22 @@ and creates readers. Every public method checks its arguments and raises
 Thread-safety: appends and readers may be used from many threads and event loops at
 once; create_stream, truncate_after, apply_retention and close are serialised by a lock.
 
-Why ~750 lines: it is the public API, and each method checks its arguments and says
-what it does; the work is done by the partitions.
+Why ~1,200 lines: it is the public API, and each method checks its arguments and says
+what it does (Args/Returns/Raises); the work is done by the partitions.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import numbers
 import os
 import threading
+import time
 import weakref
 
+import numpy as np
 import xxhash
 
 from . import columnar, holds as holds_module, layout
@@ -36,6 +39,7 @@ from .frame import SEQUENCE_MAX, ProducerStamp
 from .locks import WriterRegistry, exclusive_writer
 from .partition import Partition
 from . import txn as txn_module
+from .payload import EncodedRows
 from .reader import Reader
 from .scrub import read_scrub_status
 from . import validate
@@ -134,7 +138,8 @@ class Log:
     def start_scrubber(self, *, bytes_per_s: int | None = None, on_result=None):
         """Re-verify sealed segments in the background (scrub.py) at `bytes_per_s` (or
         the configured rate), recording each partition's result for `streamlog info`.
-        Returns the Scrubber; close() stops it."""
+        Returns the Scrubber; close() stops it. Local only (api.LOCAL_ONLY): a thread
+        of the process that has the log open (`streamlog serve --scrub-mib-per-s`)."""
         from .scrub import Scrubber
         assert self.scrubber is None
         rate = bytes_per_s or self.config.scrub_bytes_per_s or 32 * 1024 * 1024
@@ -334,7 +339,10 @@ class Log:
                 return self._streams[stream]
             raise UnknownStream(f"no stream named {stream!r} in {self.path}") from None
 
-    def partition(self, stream: str, partition: int) -> Partition:
+    def _partition(self, stream: str, partition: int) -> Partition:
+        """Partition `partition` of `stream`: the storage core's own object (the core's
+        modules and their tests use it); what sits above the core uses the public
+        operations, which say what it needs."""
         partitions = self._partitions(stream)
         if isinstance(partition, bool) or not isinstance(partition, int) or not (
                 0 <= partition < len(partitions)):
@@ -416,7 +424,8 @@ class Log:
         (frame.py: producer id, epoch, base sequence), from which the Kafka listener
         rebuilds its producers' state (kafka/producer_state.py). The records come as
         append_columns' `data` or as append_batch's `values` (with `keys`,
-        `timestamps_us`, `headers`), not both. Local logs only: not part of LogAPI.
+        `timestamps_us`, `headers`), not both. Local only (api.LOCAL_ONLY): the
+        Kafka listener runs beside the log.
 
         Returns:
             AppendResult once durable, as append_batch.
@@ -439,6 +448,42 @@ class Log:
         firsts = [target[n].submit(pieces[n]) for n in numbers]
         return _result(numbers, firsts, pieces)
 
+    async def append_prepared(self, stream: str, partition: int, piece) -> AppendResult:
+        """Append records already in the form a partition's writer takes, as one frame:
+        the daemon's APPEND path (wire/session.py), which checks a received batch as
+        NumPy columns, so its records are not checked again one by one as
+        append_batch would. The log still checks, at C or NumPy speed, every bound a
+        frame and a transaction need. Local only (api.LOCAL_ONLY): a daemon's client
+        sends records (append_batch, append_columns).
+
+        Args:
+            partition: the partition's number.
+            piece: a payload.EncodedRows (data records in payload form) or an
+                appender.Piece (records as lists, control kinds allowed except those
+                only the log writes), with its timestamps, appended under its txn_id
+                (0: no transaction). No producer stamp (append_stamped_sync).
+        Returns:
+            AppendResult: {partition: (first, last offset)} once durable.
+        Raises:
+            InvalidAppend for a piece that does not fit one frame (more than
+            batch_records_max records, or nbytes over frame_bytes_max / 2), a record
+            over record_bytes_max, a timestamp outside int64's range above its minimum
+            or a kind only the log writes; nothing is appended. InvalidArgument for a
+            bad partition or piece, or a transaction that has ended; ProducerFenced
+            for a fenced producer's transaction; UnknownStream, ReadOnlyLog, LogClosed,
+            PartitionFailed.
+        """
+        part = self._partition(stream, partition)
+        if self.readonly:
+            raise ReadOnlyLog("the log was opened read-only")
+        _check_prepared(piece, self.config)
+        if piece.txn_id:
+            part.check_appendable(piece.txn_id)
+            part.txns_written_here.add(piece.txn_id)
+        first = await part.submit_async([piece])
+        count = piece.record_count
+        return AppendResult({part.number: (first, first + count - 1)}, count)
+
     def producer(self, stream: str, **options):
         """Returns a Producer of `stream` (producer.py): records sent one at a time,
         written in group-committed batches; `options` are Producer's (linger_ms, ...)."""
@@ -453,7 +498,7 @@ class Log:
             values, keys, timestamps_us, headers, kinds, self.config, self.clock)
         _check_txn_id(txn_id)
         if partition is not None:
-            self.partition(stream, partition)
+            self._partition(stream, partition)
             assignment = {partition: range(len(values))}
         else:
             assignment = self._assign(stream, keys, len(partitions))
@@ -513,7 +558,7 @@ class Log:
             rows = rows.stamped(self.clock.wall_us())
         _check_txn_id(txn_id)
         if partition is not None:
-            self.partition(stream, partition)
+            self._partition(stream, partition)
             groups = {partition: rows}
         elif len(partitions) == 1:
             groups = {0: rows}
@@ -565,9 +610,9 @@ class Log:
                        to_offset=to_offset, to_timestamp_us=to_timestamp_us, follow=follow,
                        data_only=data_only, read_committed=read_committed)
         if not self.readonly:
-            return self._reader(self.partition(stream, partition), stream, **options)
+            return self._reader(self._partition(stream, partition), stream, **options)
         with self._lock:  # a view: not on a partition that is being replaced
-            part = self.partition(stream, partition)
+            part = self._partition(stream, partition)
             if part.stale:
                 part = self._reopened(stream, partition, part)
             # Its follower takes in new frames by itself, and goes on in the partition
@@ -603,17 +648,82 @@ class Log:
 
     def offset_for_timestamp(self, stream: str, partition: int, timestamp_us: int) -> int:
         """First offset whose high-water mark is >= timestamp_us (the end if none)."""
-        part = self.partition(stream, partition)
+        part = self._partition(stream, partition)
         if isinstance(timestamp_us, bool) or not isinstance(timestamp_us, numbers.Integral):
             raise InvalidArgument(f"timestamp_us must be an int of microseconds "
                                   f"(got {type(timestamp_us).__name__})")
         return part.offset_for_timestamp(_clamp(timestamp_us))
 
     def end_offset(self, stream: str, partition: int = 0) -> int:
-        return self.partition(stream, partition).next_offset
+        return self._partition(stream, partition).next_offset
 
     def start_offset(self, stream: str, partition: int = 0) -> int:
-        return self.partition(stream, partition).start_offset
+        return self._partition(stream, partition).start_offset
+
+    # -- waiting for appends (a long poll: the Kafka listener's fetch) ---------------
+
+    def wait_for(self, stream: str, partition: int, offset: int, timeout_s: float) -> bool:
+        """Block until the partition's acknowledged end is past `offset` (a record at
+        `offset` can be read), or `timeout_s` has passed. Waits on the live tail as a
+        following Reader does (Reader.wait): woken by this process's writer (or a
+        view's refresh), and every poll interval (follow_poll_s; a view's
+        view_poll_s) taking in what writers in other processes appended. A view's
+        partition that cannot be followed in place is opened again, as for a
+        follower. Local only (api.LOCAL_ONLY): a daemon's client follows with
+        reader(..., follow=True). Any thread.
+
+        Args:
+            offset: an offset >= 0; the end is past it when end_offset() > offset.
+            timeout_s: the longest wait, in seconds (a finite number >= 0).
+        Returns:
+            True once end_offset(stream, partition) > offset; False on timeout.
+        Raises:
+            UnknownStream, InvalidArgument (a bad partition, offset or timeout), and
+            LogClosed when the log is closed, before or during the wait.
+        """
+        deadline = _wait_deadline(offset, timeout_s)
+        while True:
+            part = self._waiting_on(stream, partition)
+            if part.next_offset > offset:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if part.ring.wait(offset, min(remaining, _follow_poll_s(part))):
+                return True
+            if _others_were_here(part):
+                part.poll()
+
+    async def wait_for_async(self, stream: str, partition: int, offset: int,
+                             timeout_s: float) -> bool:
+        """`wait_for` for an event loop: the same answer, without blocking the loop. A
+        task cancelled while waiting leaves nothing behind."""
+        import asyncio
+        deadline = _wait_deadline(offset, timeout_s)
+        while True:
+            part = self._partition(stream, partition)
+            if part.closed or part.stale:  # (opening a view's partition again reads files)
+                part = await asyncio.to_thread(self._waiting_on, stream, partition)
+            if part.next_offset > offset:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if await part.ring.wait_async(offset, min(remaining, _follow_poll_s(part))):
+                return True
+            if _others_were_here(part):
+                await asyncio.to_thread(part.poll)
+
+    def _waiting_on(self, stream: str, partition: int) -> Partition:
+        """The partition a wait watches now. A writable log's partitions close only
+        with the log; a view's one that could not follow its files is replaced by the
+        one opened again (`_reopened`, which raises LogClosed once the log is)."""
+        part = self._partition(stream, partition)
+        if not (part.closed or part.stale):
+            return part
+        if not self.readonly:
+            raise LogClosed(f"the log at {self.path} was closed while waiting")
+        return self._reopened(stream, partition, part)
 
     # -- transactions (DESIGN 6, txn.py) ---------------------------------------------
 
@@ -643,7 +753,7 @@ class Log:
         transactions that earlier producers with this id began in the partition, and
         fence them (their later begins, appends and commits raise ProducerFenced).
         Returns this producer's epoch, for begin_txn."""
-        return self.partition(stream, partition).init_producer(
+        return self._partition(stream, partition).init_producer(
             txn_module.check_transactional_id(transactional_id))
 
     def begin_txn(self, stream: str, partition: int, transactional_id: str,
@@ -654,71 +764,121 @@ class Log:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"epoch must be an int >= 0, from init_producer "
                                   f"(got {epoch!r})")
-        return self.partition(stream, partition).begin_txn(
+        return self._partition(stream, partition).begin_txn(
             txn_module.check_transactional_id(transactional_id), epoch)
 
     def txn_state(self, stream: str, partition: int, txn_id: int):
         """TxnState of a transaction in a partition, or None when it has no data there."""
-        return self.partition(stream, partition).txn_state(txn_id)
+        return self._partition(stream, partition).txn_state(txn_id)
 
     def last_stable_offset(self, stream: str, partition: int = 0) -> int:
         """First offset of the oldest open transaction, or the end: a read_committed
         reader delivers nothing at or past it until that transaction ends."""
-        return self.partition(stream, partition).last_stable_offset()
+        return self._partition(stream, partition).last_stable_offset()
 
     def batch_holding(self, stream: str, partition: int, offset: int):
         """(base_offset, stored frame bytes, columns) of the batch that holds `offset`:
-        the unit an operator reading a log backwards steps by (operators/cec.py)."""
-        entry, columns = self.partition(stream, partition).batch_holding(offset)
+        the unit an operator reading a log backwards steps by (operators/cec.py).
+        Local only (api.LOCAL_ONLY): it hands out the stored batch, the unit of this
+        log's files; a daemon's client reads ranges (reader)."""
+        entry, columns = self._partition(stream, partition).batch_holding(offset)
         return entry.base_offset, entry.frame_bytes, columns
 
     def open_transactions(self, stream: str, partition: int) -> dict[int, int]:
-        """{txn_id: first offset} of the transactions the partition's index says are
-        still open (commit_txn and abort_txn confirm from the segments before they
-        write a marker for one this process did not write)."""
-        return self.partition(stream, partition).open_txn_candidates()
+        """The transactions the partition's index says are still open: what an
+        operator (or the daemon's sweep of stale transactions) looks at before it
+        ends them. commit_txn and abort_txn confirm from the segments before they
+        write a marker for one this process did not write.
+
+        Returns:
+            {txn_id: first offset of its records}.
+        Raises:
+            UnknownStream, InvalidArgument for a bad partition, LogClosed.
+        """
+        return self._partition(stream, partition).open_txn_candidates()
 
     def last_commit(self, stream: str, partition: int, tag: str) -> bytes | None:
         """Marker of the latest commit made with `tag` in the partition, or None."""
-        return self.partition(stream, partition).last_commit(tag)
+        return self._partition(stream, partition).last_commit(tag)
 
     def _txn_partition(self, stream: str, partition: int, txn_id: int):
         if isinstance(txn_id, bool) or not isinstance(txn_id, int) or not 0 < txn_id < 1 << 64:
             raise InvalidArgument(f"txn_id must be an int in 1..2**64-1 (got {txn_id!r})")
-        return self.partition(stream, partition)
+        return self._partition(stream, partition)
 
     # -- maintenance ----------------------------------------------------------------
 
     def truncate_after(self, stream: str, partition: int, offset: int) -> int:
         """Forget every record after `offset` (crash-safe). Returns the new end offset."""
-        return self.partition(stream, partition).truncate_after(offset)
+        return self._partition(stream, partition).truncate_after(offset)
 
     # -- durable holds (holds.py): positions retention keeps, across processes --------
 
     def hold(self, stream: str, partition: int, name: str, offset: int) -> None:
         """Keep offsets >= `offset` of the partition from retention under `name`, in
-        every process and across restarts, until `release_hold`. Allowed on a read-only
-        open (a consumer holds the input it still needs)."""
+        every process and across restarts, until `release_hold` (a hold file,
+        holds.py; setting it again moves it). Allowed on a read-only open (a consumer
+        holds the input it still needs).
+
+        Args:
+            name: the hold's name, with a stream name's characters.
+            offset: the first offset kept, >= 0.
+        Returns:
+            None, once the hold is durable.
+        Raises:
+            InvalidArgument for a bad name, offset or partition; UnknownStream,
+            LogClosed.
+        """
         self._check_open()
-        part = self.partition(stream, partition)
+        part = self._partition(stream, partition)
         holds_module.set_hold(self.fileio, part.directory, name, offset,
                               self.clock.wall_us())
 
     def release_hold(self, stream: str, partition: int, name: str) -> bool:
-        """Remove the durable hold `name`; False when there was none."""
+        """Remove the durable hold `name` (a damaged hold file too). Allowed on a
+        read-only open, as hold is.
+
+        Returns:
+            True when it was there, False when there was none.
+        Raises:
+            InvalidArgument for a bad name or partition; UnknownStream, LogClosed.
+        """
         self._check_open()
-        return holds_module.release(self.fileio, self.partition(stream, partition).directory,
+        return holds_module.release(self.fileio, self._partition(stream, partition).directory,
                                     name)
 
     def holds(self, stream: str, partition: int = 0) -> dict[str, dict]:
-        """The partition's durable holds: {name: {"offset", "updated_us"}} (a damaged
-        hold file shows "damaged" and holds everything)."""
+        """The partition's durable holds.
+
+        Returns:
+            {name: {"offset": first offset kept, "updated_us": when it was set}}; a
+            damaged hold file shows "damaged" and holds everything.
+        Raises:
+            InvalidArgument for a bad partition; UnknownStream, LogClosed.
+        """
         self._check_open()
-        return holds_module.read_holds(self.fileio, self.partition(stream, partition).directory)
+        return holds_module.read_holds(self.fileio, self._partition(stream, partition).directory)
 
     def apply_retention(self, now_us: int | None = None) -> list[str]:
-        """Delete whole old segments past the retention bounds; returns deleted paths."""
-        now_us = self.clock.wall_us() if now_us is None else now_us
+        """Delete, in every partition, the whole sealed segments past the retention
+        bounds (retention_age_s, retention_bytes), never one holding an offset a reader
+        or a durable hold keeps. Each partition's deletion is a job on its writer
+        thread, under its commit lock.
+
+        Args:
+            now_us: the time ages are measured at, microseconds since the epoch; None:
+                the log's clock now.
+        Returns:
+            The deleted segment files' paths (on the machine that has the log).
+        Raises:
+            InvalidArgument for a now_us that is not an int; ReadOnlyLog on a read-only
+            open; LogClosed, PartitionFailed.
+        """
+        if now_us is not None and (isinstance(now_us, bool) or not isinstance(
+                now_us, numbers.Integral)):
+            raise InvalidArgument(f"now_us must be an int of microseconds or None "
+                                  f"(got {type(now_us).__name__})")
+        now_us = self.clock.wall_us() if now_us is None else int(now_us)
         deleted = []
         for stream in self.streams():
             for part in self._partitions(stream):
@@ -748,6 +908,10 @@ class Log:
         return out
 
     def stats(self) -> dict:
+        """Counters of this process's writer threads (appender.py: writes, fsyncs,
+        records, bytes, ...) by "stream/partition". Local only (api.LOCAL_ONLY): they
+        count this process's work, not the log's; a daemon publishes its own on its
+        metrics port."""
         return {f"{s}/{p.number}": dict(p.appender.stats) for s in self.streams()
                 for p in self._partitions(s) if p.appender is not None}
 
@@ -871,6 +1035,33 @@ def partition_for_key(key: bytes, count: int) -> int:
     return xxhash.xxh3_64_intdigest(key) % count
 
 
+def _wait_deadline(offset, timeout_s) -> float:
+    """wait_for's arguments checked; its deadline on the monotonic clock. (Real time,
+    not the log's clock: the waits under it are a Condition's and an event loop's.)"""
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+        raise InvalidArgument(f"offset must be an int >= 0 (got {offset!r})")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not (
+            math.isfinite(timeout_s) and timeout_s >= 0):
+        raise InvalidArgument(f"timeout_s must be a finite number of seconds >= 0 "
+                              f"(got {timeout_s!r})")
+    return time.monotonic() + timeout_s
+
+
+def _others_were_here(part: Partition) -> bool:
+    """May another process have changed the partition since this one took it in? The
+    commit lock's counter says so with a memory read (locks.PartitionLock.moved, never
+    a false no), so a wait asks the writer thread for a poll (a job, the lock taken)
+    only then: a long poll on many quiet partitions costs no job per interval."""
+    return part.lock.moved() or part.lock.handle is None
+
+
+def _follow_poll_s(part: Partition) -> float:
+    """How long a wait at the end goes before it asks for other processes' appends:
+    a view's look is cheap (config.view_poll_s), as for a following Reader."""
+    config = part.config
+    return config.view_poll_s if part.readonly else config.follow_poll_s
+
+
 def _clamp(timestamp_us) -> int:
     """Query timestamps outside int64 mean 'before everything' or 'after everything'."""
     return min(max(int(timestamp_us), _INT64_MIN + 1), _INT64_MAX)
@@ -899,7 +1090,51 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig, cl
     size, and stamp the append time when the caller gave no timestamps."""
     values, keys, timestamps, headers, kinds = validate.records(values, keys, timestamps_us,
                                                                 headers, kinds)
-    limit = config.record_bytes_max
+    _check_sizes(values, keys, config.record_bytes_max)
+    if timestamps is None:
+        timestamps = [clock.wall_us()] * len(values)
+    return values, keys, timestamps, headers, kinds
+
+
+
+
+def _check_prepared(piece, config: LogConfig) -> None:
+    """append_prepared's checks of a piece: no loop per record in Python."""
+    if not isinstance(piece, (EncodedRows, Piece)) or piece.producer is not None:
+        raise InvalidArgument(f"piece must be a payload.EncodedRows or an appender.Piece "
+                              f"without a producer stamp (got {type(piece).__name__})")
+    _check_txn_id(piece.txn_id)
+    count = piece.record_count
+    if not 1 <= count <= config.batch_records_max or piece.nbytes > (
+            config.frame_bytes_max // 2):
+        raise InvalidAppend(f"a prepared piece must fit one frame: {count} records of "
+                            f"{piece.nbytes} bytes (batch_records_max, frame_bytes_max)")
+    if isinstance(piece, EncodedRows):
+        _check_encoded(piece, config.record_bytes_max)
+        return
+    assert len(piece.values) == len(piece.keys) == len(piece.timestamps_us) == count
+    _check_sizes(piece.values, piece.keys, config.record_bytes_max)
+    if set(map(type, piece.timestamps_us)) != {int} or not (
+            min(piece.timestamps_us) > _INT64_MIN and max(piece.timestamps_us) <= _INT64_MAX):
+        raise InvalidAppend("a prepared piece's timestamps must be ints in int64's range "
+                            "above its minimum")
+    if piece.kinds is not None:
+        validate.record_kinds(piece.kinds)  # raises for a kind only the log writes
+
+
+def _check_encoded(piece: EncodedRows, limit: int) -> None:
+    assert len(piece.key_lengths) == len(piece.value_lengths) == piece.record_count
+    sizes = piece.value_lengths.astype(np.int64) + np.maximum(piece.key_lengths, 0)
+    if int(sizes.max()) > limit:
+        row = int(np.flatnonzero(sizes > limit)[0])
+        raise InvalidAppend(f"record {row} is {int(sizes[row])} bytes; the limit is {limit} "
+                            f"(record_bytes_max)")
+    if int(piece.timestamps_us.min()) <= _INT64_MIN:
+        raise InvalidAppend("a prepared piece's timestamps must be above int64's minimum")
+
+
+def _check_sizes(values, keys, limit: int) -> None:
+    """InvalidAppend naming the first record whose key and value are over `limit`."""
     # filter(None, ...) drops None (no key) and b"" (adds nothing) at C speed
     if max(map(len, values)) + max(map(len, filter(None, keys)), default=0) > limit:
         for i in range(len(values)):
@@ -907,11 +1142,6 @@ def _validate(values, keys, timestamps_us, headers, kinds, config: LogConfig, cl
             if size > limit:
                 raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
                                     f"(record_bytes_max)")
-    if timestamps is None:
-        timestamps = [clock.wall_us()] * len(values)
-    return values, keys, timestamps, headers, kinds
-
-
 
 
 def _stamp(pieces: dict, producer: ProducerStamp) -> None:

@@ -506,7 +506,8 @@ class Producer:
         piece = Piece(batch.timestamps_us, batch.keys, batch.values, None, batch.headers,
                       batch.nbytes, 0)
         try:
-            appender = self._log.partition(self.stream, batch.partition).appender
+            # (the core's append path: the Log's own Partition and its writer)
+            appender = self._log._partition(self.stream, batch.partition).appender
             if appender is None:
                 raise ReadOnlyLog("the log was opened read-only")
             appender.submit(Pending([piece], batch, batch.nbytes))

@@ -39,7 +39,10 @@ from .records import RecordKind
 from .txn import TxnState
 
 _tokens = itertools.count(1)
-_WAIT = object()
+# What Reader.slices() yields instead of a slice when a follower is at the acknowledged
+# end: wait (Reader.wait / wait_async), then go on. A reader that does not follow never
+# yields it.
+WAIT = object()
 
 
 class Reader:
@@ -218,20 +221,20 @@ class Reader:
 
     def _slices_sync(self):
         for item in self._slices():
-            if item is _WAIT:
+            if item is WAIT:
                 self.wait()
                 continue
             yield item
 
     async def _slices_async(self):
         for item in self._slices():
-            if item is _WAIT:
+            if item is WAIT:
                 await self.wait_async()
                 continue
             yield item
 
     def _slices(self):
-        """Yield (columns, lo, hi) slices, or _WAIT when following at the end."""
+        """Yield (columns, lo, hi) slices, or WAIT when following at the end."""
         # A generator dropped half-way does not close the reader (it may be iterated
         # again); the Reader's finalizer releases the hold once it is garbage.
         yield from self._slices_loop()
@@ -266,13 +269,13 @@ class Reader:
                 self._check_damage()
                 if not self.follow or partition.closed:
                     break
-                yield _WAIT
+                yield WAIT
                 continue
             if self._blocked_at is not None:
                 if not self.follow:
                     break
                 if partition.next_offset <= self._blocked_at:
-                    yield _WAIT
+                    yield WAIT
                     continue
                 self._blocked_at, self._txn_states = None, {}
             if self.read_committed:

@@ -18,8 +18,8 @@ import stat
 import sys
 import time
 
+from .. import open_log, partition_for_key
 from ..config import LogConfig
-from ..log import open_log, partition_for_key
 from .common import (EXIT_OK, ObjectPairs, UsageError, is_url, json_line, parse_headers,
                      parse_timestamp, partitions_arg, positive_int, progress_bar,
                      stream_arg, subparser, writable_log)

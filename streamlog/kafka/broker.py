@@ -291,8 +291,8 @@ class Broker:
 
     def fetch_once(self, request: Request):
         """(response, bytes of records in it, waits): what the log holds now, in one
-        pass; `waits` are the (partition object, end offset seen) pairs a long poll
-        waits on (an append past that end may bring more)."""
+        pass; `waits` are the (topic, partition, end offset seen) a long poll waits on
+        (Log.wait_for_async: an append past that end may bring more)."""
         body = request.body
         committed = getattr(body, "isolation_level", 0) == 1
         budget = body.max_bytes if request.api_version >= 3 else 1 << 30
@@ -307,8 +307,7 @@ class Broker:
                 total += size
                 partitions.append(entry)
                 if entry["error_code"] == ErrorCode.none:
-                    waits.append((self.log.partition(topic.topic, asked.partition),
-                                  entry["high_watermark"]))
+                    waits.append((topic.topic, asked.partition, entry["high_watermark"]))
             topics.append({"topic": topic.topic, "partitions": partitions})
         response = build(response_schema(request), error_code=ErrorCode.none, session_id=0,
                          responses=topics)
@@ -467,9 +466,9 @@ def read_batches(log, topic: str, partition: int, offset: int, max_bytes: int,
 
 
 def _slices(reader):
-    from ..reader import _WAIT
+    from ..reader import WAIT
     for item in reader.slices():
-        if item is _WAIT:  # not following: never happens, but never wait here
+        if item is WAIT:  # not following: never happens, but never wait here
             return
         yield item
 

@@ -358,8 +358,8 @@ class KafkaServer:
             remaining = deadline - time.monotonic()
             if size >= max(body.min_bytes, 1) or remaining <= 0 or not waits:
                 return response
-            tasks = [asyncio.ensure_future(partition.ring.wait_async(end, remaining))
-                     for partition, end in waits]
+            tasks = [asyncio.ensure_future(self.broker.log.wait_for_async(
+                topic, partition, end, remaining)) for topic, partition, end in waits]
             try:
                 with self._interruptible(session):
                     await asyncio.wait(tasks, timeout=remaining,
@@ -367,6 +367,9 @@ class KafkaServer:
             finally:
                 for task in tasks:
                     task.cancel()
+                for task in tasks:  # (what a wait raised, the next pass answers)
+                    if task.done() and not task.cancelled():
+                        task.exception()
 
     # -- handlers: groups ------------------------------------------------------------
 

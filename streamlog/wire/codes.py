@@ -49,6 +49,11 @@ class MessageType(enum.IntEnum):
     TXN_STATE = 16
     INIT_PRODUCER = 17
     BEGIN_TXN = 18
+    OPEN_TRANSACTIONS = 19
+    APPLY_RETENTION = 20
+    HOLD = 21
+    RELEASE_HOLD = 22
+    HOLDS = 23
     HELLO_OK = 64
     PONG = 65
     ERROR = 66

@@ -17,7 +17,8 @@ Frame layout (big-endian; every message is one frame):
                                    the id of the request it answers
          9    .  .    body         the message's fields, in the order of its FIELDS
 
-Field kinds: u8 u16 u32 i32 i64 u64; `str` (u16 length + UTF-8); `blob` (u32 length +
+Field kinds: u8 u16 u32 i32 i64 u64; `opt_i64` (u8 present, 0 or 1, + i64: an int or
+None, whose i64 is 0); `str` (u16 length + UTF-8); `blob` (u32 length +
 bytes); `rest` / `view` (every remaining byte, last field only; `view` is a memoryview
 of the received body, so a record payload is copied once, out of the receive buffer,
 and is sent without being copied into its frame: `encode_message_parts`). Record
@@ -59,15 +60,16 @@ _SCALARS = {name: struct.Struct(">" + code) for name, code in
             (("u8", "B"), ("u16", "H"), ("u32", "I"), ("i32", "i"), ("i64", "q"),
              ("u64", "Q"))}
 _U16, _U32 = _SCALARS["u16"], _SCALARS["u32"]
+_OPTIONAL_I64 = struct.Struct(">Bq")
 # The values each integer kind holds: what a client checks arguments against.
 INT_BOUNDS = {name: ((0, (1 << 8 * s.size) - 1) if name[0] == "u"
                      else (-(1 << 8 * s.size - 1), (1 << 8 * s.size - 1) - 1))
               for name, s in _SCALARS.items()}
 assert INT_BOUNDS["i64"] == (-(1 << 63), (1 << 63) - 1)
 assert INT_BOUNDS["u32"] == (0, (1 << 32) - 1)
-FIELD_KINDS = (*_SCALARS, "str", "blob", "rest", "view")
-_FIELD_TYPES = {**{name: int for name in _SCALARS}, "str": str, "blob": bytes,
-                "rest": bytes, "view": bytes}
+FIELD_KINDS = (*_SCALARS, "opt_i64", "str", "blob", "rest", "view")
+_FIELD_TYPES = {**{name: int for name in _SCALARS}, "opt_i64": int | None, "str": str,
+                "blob": bytes, "rest": bytes, "view": bytes}
 
 
 class _Cursor:
@@ -91,6 +93,11 @@ class _Cursor:
         scalar = _SCALARS.get(kind)
         if scalar is not None:
             return scalar.unpack(self.take(scalar.size))[0]
+        if kind == "opt_i64":
+            present, value = _OPTIONAL_I64.unpack(self.take(_OPTIONAL_I64.size))
+            if present > 1 or (not present and value):
+                raise LocalProtocolError("an optional int field is neither an int nor None")
+            return value if present else None
         if kind == "str":
             (size,) = _U16.unpack(self.take(2))
             try:
@@ -114,6 +121,11 @@ def _encode_field(kind: str, value) -> bytes:
             return scalar.pack(value)
         except struct.error:
             raise LocalProtocolError(f"{value!r} does not fit a {kind} field") from None
+    if kind == "opt_i64":
+        try:
+            return _OPTIONAL_I64.pack(value is not None, value or 0)
+        except struct.error:
+            raise LocalProtocolError(f"{value!r} does not fit an {kind} field") from None
     if kind == "str":
         data = value.encode()
         if len(data) > 0xFFFF:

@@ -72,8 +72,13 @@ class Reply:
 
 
 INT = Reply(ResultInt, lambda value: (value,), lambda reply: reply.value)
+BOOL = Reply(ResultInt, lambda value: (int(bool(value)),), lambda reply: reply.value != 0)
+NOTHING = Reply(ResultInt, lambda value: (0,), lambda reply: None)  # a method returning None
 JSON = Reply(ResultJson, lambda value: (json.dumps(value, default=str).encode(),),
              lambda reply: reply.value())
+# {int: int} as JSON pairs (JSON's keys would be text).
+INT_MAP = Reply(ResultJson, lambda value: (json.dumps(sorted(value.items())).encode(),),
+                lambda reply: {int(key): int(item) for key, item in reply.value()})
 OPTIONAL_BYTES = Reply(ResultBytes, lambda value: (int(value is not None), value or b""),
                        lambda reply: bytes(reply.value) if reply.present else None)
 OFFSETS = Reply(ResultOffsets, tuple,
@@ -180,6 +185,8 @@ def _nth(index: int):
 
 def check_argument(name: str, kind: str, value):
     """`value` as field kind `kind` carries it; InvalidArgument when it cannot."""
+    if kind == "opt_i64":
+        return None if value is None else check_argument(name, "i64", value)
     if kind == "str":
         if not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a str (got {type(value).__name__})")
@@ -256,6 +263,7 @@ def _partition_count(counts: dict[str, int], arguments) -> int:
 
 STREAM, PARTITION, TXN_ID = ("stream", "str"), ("partition", "u32"), ("txn_id", "u64")
 TRANSACTIONAL_ID = ("transactional_id", "str")
+HOLD_NAME = ("name", "str")
 
 OPERATIONS = OperationTable([
     Operation(MessageType.CREATE_STREAM, (("name", "str"), ("partitions", "u32")), INT,
@@ -280,6 +288,12 @@ OPERATIONS = OperationTable([
     Operation(MessageType.LAST_COMMIT, (STREAM, PARTITION, ("tag", "str")), OPTIONAL_BYTES),
     Operation(MessageType.TRUNCATE_AFTER, (STREAM, PARTITION, ("offset", "i64")), INT,
               writable=True),
+    Operation(MessageType.OPEN_TRANSACTIONS, (STREAM, PARTITION), INT_MAP),
+    Operation(MessageType.APPLY_RETENTION, (("now_us", "opt_i64"),), JSON, writable=True),
+    # A hold is allowed to a read-only open (a consumer holds the input it still needs).
+    Operation(MessageType.HOLD, (STREAM, PARTITION, HOLD_NAME, ("offset", "i64")), NOTHING),
+    Operation(MessageType.RELEASE_HOLD, (STREAM, PARTITION, HOLD_NAME), BOOL),
+    Operation(MessageType.HOLDS, (STREAM, PARTITION), JSON),
     Operation(MessageType.APPEND, streamed=True, writable=True,
               methods=("append", "append_sync", "append_batch", "append_batch_sync",
                        "append_columns", "append_columns_sync")),

@@ -8,7 +8,8 @@ operation is answered by one handler, `_answer`, from its row of the operation t
 (operations.py): the row's methods run on the server's thread pool (or on the event
 loop, for in-memory reads) and the row encodes the result. APPEND and READ have code
 of their own: an APPEND's records arrive as columns, are checked as columns (NumPy),
-and go to the partition's writer as one piece (`_append_records`); a READ
+and go to the partition's writer as one piece (`_append_records`,
+Log.append_prepared); a READ
 (`_Subscription`) sends the columns the reader produced (`columns.pull_batches`), one
 pull ahead of the socket, as far as the client's credit goes. The bounds it keeps are
 ServerConfig's (server.py says why each exists). Event-loop thread only.
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..appender import Piece
+from ..errors import StreamLogError
 from ..payload import EncodedRows
 from ..records import AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
@@ -338,15 +340,14 @@ APPENDABLE = np.array([RecordKind(k).appendable if k in set(RecordKind) else Fal
 async def _append_records(log, message: Append) -> AppendResult:
     """Append an APPEND's records. The common case (one partition named or implied, no
     headers, records that fit one frame) is checked with NumPy on the received columns
-    and handed to the partition's writer as one piece: Log.append_batch would check
-    again, record by record, what the columns already prove (half the log's CPU per
-    record). Anything else goes through Log.append_batch, its checks and its errors."""
+    and handed to the partition's writer as one piece (Log.append_prepared):
+    Log.append_batch would check again, record by record, what the columns already
+    prove (half the log's CPU per record). Anything else goes through
+    Log.append_batch, its checks and its errors."""
     direct = _direct_piece(log, message)
     if direct is not None:
-        partition, piece = direct
-        first = await partition.submit_async([piece])
-        count = piece.record_count
-        return AppendResult({partition.number: (first, first + count - 1)}, count)
+        number, piece = direct
+        return await log.append_prepared(message.stream, number, piece)
     timestamps, keys, values, kinds, headers = columns_to_lists(message.columns)
     return await log.append_batch(
         message.stream, values, keys=keys,
@@ -356,7 +357,8 @@ async def _append_records(log, message: Append) -> AppendResult:
 
 
 def _direct_piece(log, message: Append):
-    """(partition, piece) when the records pass the log's checks as columns, else None.
+    """(partition number, piece) when the records pass the log's checks as columns,
+    else None.
     The same bounds as Log.append_batch: record_bytes_max per record, a frame's share
     (frame_bytes_max / 2, batch_records_max) per piece, int64 timestamps above the
     minimum; kinds were checked when the payload was decoded. Data records go to the
@@ -374,7 +376,6 @@ def _direct_piece(log, message: Append):
         number = 0
     else:
         return None  # key hash or round robin: the log's choice
-    partition = log.partition(message.stream, number)  # raises as the log would
     sizes = columns.value_lengths + np.maximum(columns.key_lengths, 0)
     nbytes = int(sizes.sum()) + _PIECE_RECORD_BYTES * count
     if int(sizes.max()) > config.record_bytes_max or nbytes > config.frame_bytes_max // 2:
@@ -385,17 +386,14 @@ def _direct_piece(log, message: Append):
             return None
     else:
         stamps = np.full(count, time.time_ns() // 1000, dtype="<i8")
-    if message.txn_id:
-        partition.check_appendable(message.txn_id)  # as Log.append_batch does
-        partition.txns_written_here.add(message.txn_id)
     if columns.kinds is None or not columns.kinds.any():
-        return partition, EncodedRows(
+        return number, EncodedRows(
             stamps, np.ascontiguousarray(columns.key_lengths, dtype="<i4"),
             np.ascontiguousarray(columns.value_lengths, dtype="<i4"), columns.keys,
             columns.values, int(stamps.min()), int(stamps.max()), nbytes, message.txn_id)
     _, keys, values, kinds, _ = columns_to_lists(columns, timestamps=False)
-    return partition, Piece(stamps.tolist(), keys, values, kinds, None, nbytes,
-                            message.txn_id)
+    return number, Piece(stamps.tolist(), keys, values, kinds, None, nbytes,
+                         message.txn_id)
 
 
 _INT64_MIN = -(1 << 63)
@@ -431,7 +429,13 @@ class _Subscription:
 
     def lag(self) -> int:
         reader = self.reader
-        return 0 if reader is None else max(reader.partition.next_offset - reader.next_offset, 0)
+        if reader is None:
+            return 0
+        try:
+            end = self.session.server.log.end_offset(self.request.stream, self.request.partition)
+        except StreamLogError:  # the log is closing: nothing more to send
+            return 0
+        return max(end - reader.next_offset, 0)
 
     def _open(self):
         r = self.request
@@ -494,7 +498,7 @@ class _Subscription:
 
     async def _send(self, reader, batches) -> None:
         session, counters = self.session, self.session.server.metrics.counters
-        rid, number = self.request.request_id, reader.partition.number
+        rid, number = self.request.request_id, self.request.partition
         for base, count, txn_id, flags, payload in batches:
             session.send(Batch(rid, number, base, txn_id, count, flags, payload))
             self.credit -= len(payload)

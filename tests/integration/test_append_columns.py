@@ -307,7 +307,7 @@ def test_concurrent_columns_and_batches_share_frames_correctly(pair):
 ])
 def test_queued_appends_merge_only_with_their_own_kind(pair, kinds, frames):
     columns, _ = pair()
-    part = columns.partition(STREAM, 0)
+    part = columns._partition(STREAM, 0)
     entered, release = threading.Event(), threading.Event()
 
     def hold_writer():

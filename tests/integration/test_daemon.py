@@ -366,7 +366,9 @@ READ_CALLS = {
     "streams": (), "partition_count": ("q",), "start_offset": ("q", 1),
     "end_offset": ("q", 1), "last_stable_offset": ("q", 0),
     "offset_for_timestamp": ("q", 1, 150), "info": (), "last_commit": ("q", 0, "job"),
-    "txn_state": ("q", 0, "TXN"),
+    "txn_state": ("q", 0, "TXN"), "open_transactions": ("q", 0),
+    # a hold is allowed to a read-only client: set, then read, then a release of none
+    "hold": ("q", 0, "h", 1), "holds": ("q", 0), "release_hold": ("q", 0, "nobody"),
 }
 
 
@@ -403,18 +405,19 @@ def test_bad_arguments_are_refused_before_a_request_is_sent(remote):
 
 
 class AdminType(enum.IntEnum):
-    OPEN_TRANSACTIONS = 63  # a client type number MessageType does not use
+    BATCH_HOLDING = 63  # a client type number MessageType does not use
 
 
 class AdminAPI(LogAPI, Protocol):
-    def open_transactions(self, stream: str, partition: int) -> dict[int, int]: ...
+    def batch_holding(self, stream: str, partition: int, offset: int): ...
 
 
-# {txn_id: first offset} as JSON pairs: JSON object keys would come back as strings
-TXN_FIRSTS = Reply(JSON.message, lambda firsts: (json.dumps(sorted(firsts.items())).encode(),),
-                   lambda reply: {txn: first for txn, first in reply.value()})
+# (base offset, stored bytes) of the batch that holds an offset: its columns stay behind
+BATCH_BOUNDS = Reply(JSON.message, lambda found: (json.dumps(found[:2]).encode(),),
+                     lambda reply: tuple(reply.value()))
 ADMIN = OPERATIONS.extended(
-    Operation(AdminType.OPEN_TRANSACTIONS, (STREAM, PARTITION), TXN_FIRSTS), api=AdminAPI)
+    Operation(AdminType.BATCH_HOLDING, (STREAM, PARTITION, ("offset", "i64")), BATCH_BOUNDS),
+    api=AdminAPI)
 
 
 class AdminRemoteLog(RemoteLog, operations=ADMIN):
@@ -426,16 +429,15 @@ def test_an_operation_added_to_a_table_works_locally_and_remotely(daemon_factory
     daemon = daemon_factory(operations=ADMIN)
     local = daemon.log
     local.create_stream("x")
-    txn = local.new_txn_id()
-    local.append_batch_sync("x", [b"a", b"b"], txn_id=txn)
+    local.append_batch_sync("x", [b"a", b"b"])
+    local.append_batch_sync("x", [b"c"])
     with AdminRemoteLog(daemon.url, parse_url(daemon.url), TOKEN.encode()) as remote:
-        assert remote.open_transactions("x", 0) == local.open_transactions("x", 0) == {txn: 0}
-        remote.commit_txn("x", 0, txn)
-        assert remote.open_transactions("x", 0) == local.open_transactions("x", 0) == {}
+        assert remote.batch_holding("x", 0, 1) == local.batch_holding("x", 0, 1)[:2]
+        assert remote.batch_holding("x", 0, 2)[0] == 2
         with pytest.raises(streamlog.UnknownStream):  # errors cross as for any row
-            remote.open_transactions("nope", 0)
+            remote.batch_holding("nope", 0, 0)
         assert remote.end_offset("x") == 3  # the standard rows are still there
-    assert not hasattr(RemoteLog, "open_transactions")
+    assert not hasattr(RemoteLog, "batch_holding")
 
 
 def test_batch_over_the_frame_limit_is_split_and_lands_whole(daemon_factory):
@@ -610,7 +612,7 @@ def test_peer_vanishing_mid_tail_releases_its_reader(daemon):
     raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     raw.close()  # a reset, no goodbye
     wait_until(lambda: daemon.metric("streamlog_tailers") == 0, what="tailer gone")
-    partition = daemon.log.partition("t", 0)
+    partition = daemon.log._partition("t", 0)
     wait_until(lambda: partition.min_hold() is None, what="hold released")
 
 

@@ -534,7 +534,7 @@ def test_readers_during_appends_see_a_dense_prefix(log_dir, open_logs):
     for thread in [writer] + readers:
         thread.join(60)
     assert not errors, errors[0]
-    assert checks and len(log.partition(STREAM, 0).segments) > 5
+    assert checks and len(log._partition(STREAM, 0).segments) > 5
     assert offsets(log.reader(STREAM, 0)) == list(range(total))
 
 
@@ -639,7 +639,7 @@ def test_slow_follower_falls_back_to_disk_and_receives_everything(log_dir, open_
                                                                   monkeypatch):
     log = open_logs(log_dir, fsync="never", tail_ring_batches_max=2, **SEGMENT_SMALL)
     log.create_stream(STREAM)
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     disk_reads = []
     original = partition.disk_frames
 

@@ -67,7 +67,9 @@ def test_wire_codes():
         "HELLO": 1, "PING": 2, "CREATE_STREAM": 3, "APPEND": 4, "READ": 5, "CREDIT": 6,
         "CANCEL": 7, "OFFSETS": 8, "OFFSET_FOR_TIMESTAMP": 9, "INFO": 10, "STREAMS": 11,
         "COMMIT_TXN": 12, "ABORT_TXN": 13, "LAST_COMMIT": 14, "TRUNCATE_AFTER": 15,
-        "TXN_STATE": 16, "INIT_PRODUCER": 17, "BEGIN_TXN": 18, "HELLO_OK": 64, "PONG": 65, "ERROR": 66, "APPENDED": 67,
+        "TXN_STATE": 16, "INIT_PRODUCER": 17, "BEGIN_TXN": 18, "OPEN_TRANSACTIONS": 19,
+        "APPLY_RETENTION": 20, "HOLD": 21, "RELEASE_HOLD": 22, "HOLDS": 23,
+        "HELLO_OK": 64, "PONG": 65, "ERROR": 66, "APPENDED": 67,
         "BATCH": 68, "READ_OPENED": 69, "READ_END": 70, "RESULT_INT": 71,
         "RESULT_OFFSETS": 72, "RESULT_JSON": 73, "RESULT_BYTES": 74}
 
@@ -101,6 +103,9 @@ def test_wire_message_layouts():
         "ABORT_TXN": ("str", "u32", "u64"), "LAST_COMMIT": ("str", "u32", "str"),
         "TRUNCATE_AFTER": ("str", "u32", "i64"), "TXN_STATE": ("str", "u32", "u64"),
         "INIT_PRODUCER": ("str", "u32", "str"), "BEGIN_TXN": ("str", "u32", "str", "i64"),
+        "OPEN_TRANSACTIONS": ("str", "u32"), "APPLY_RETENTION": ("opt_i64",),
+        "HOLD": ("str", "u32", "str", "i64"), "RELEASE_HOLD": ("str", "u32", "str"),
+        "HOLDS": ("str", "u32"),
         "HELLO_OK": ("u16", "u32", "u32", "str"), "PONG": (), "ERROR": ("u16", "str"),
         "APPENDED": ("u32", "rest"), "BATCH": ("u32", "i64", "u64", "u32", "u8", "view"),
         "READ_OPENED": ("i64",), "READ_END": ("i64",), "RESULT_INT": ("i64",),
@@ -112,7 +117,9 @@ def test_wire_message_layouts():
         "OFFSET_FOR_TIMESTAMP": "RESULT_INT", "INFO": "RESULT_JSON", "COMMIT_TXN": "RESULT_INT",
         "ABORT_TXN": "RESULT_INT", "TXN_STATE": "RESULT_INT", "LAST_COMMIT": "RESULT_BYTES",
         "TRUNCATE_AFTER": "RESULT_INT", "INIT_PRODUCER": "RESULT_INT",
-        "BEGIN_TXN": "RESULT_INT"}
+        "BEGIN_TXN": "RESULT_INT", "OPEN_TRANSACTIONS": "RESULT_JSON",
+        "APPLY_RETENTION": "RESULT_JSON", "HOLD": "RESULT_INT", "RELEASE_HOLD": "RESULT_INT",
+        "HOLDS": "RESULT_JSON"}
 
 
 def test_wire_request_bytes():

@@ -45,7 +45,7 @@ def reopen(log, make_log, **options):
     """Close and open again: the live tail starts empty, so reads go to the segments."""
     log.close()
     log = make_log(**options)
-    assert log.partition(STREAM, 0).ring.find(0) is None
+    assert log._partition(STREAM, 0).ring.find(0) is None
     return log
 
 
@@ -123,7 +123,7 @@ def test_reads_any_range_of_offsets_across_batch_boundaries(make_log, monkeypatc
     values = fill_batches(log, 4, 5)
     if source == "disk":
         log = reopen(log, make_log)
-    reads = watch_disk(monkeypatch, log.partition(STREAM, 0), forbid=source == "tail")
+    reads = watch_disk(monkeypatch, log._partition(STREAM, 0), forbid=source == "tail")
     end = min(20 if stop is None else stop, 20)
     expected = [(n, values[n]) for n in range(start, end)]
     assert pairs(log.reader(STREAM, 0, from_offset=start, to_offset=stop)) == expected
@@ -138,7 +138,7 @@ def test_a_start_outside_the_log_is_refused(make_log):
     fill_batches(log, 2, 3)
     with pytest.raises(OffsetOutOfRange, match="past its end"):
         log.reader(STREAM, 0, from_offset=7)
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     with pytest.raises(OffsetOutOfRange, match="no longer"):
         Reader(partition, start_offset=-1)
     assert partition.min_hold() is None  # a refused reader holds nothing
@@ -150,7 +150,7 @@ def test_a_reader_over_a_prefix_does_not_read_the_frames_past_it(make_log, monke
     log = make_log()
     fill_batches(log, 4, 5)
     log = reopen(log, make_log)
-    judged = watch_disk(monkeypatch, log.partition(STREAM, 0))
+    judged = watch_disk(monkeypatch, log._partition(STREAM, 0))
     assert [r.offset for r in log.reader(STREAM, 0, from_offset=2, to_offset=7)] == [
         2, 3, 4, 5, 6]
     assert judged == [0, 5]
@@ -201,7 +201,7 @@ def test_a_follower_behind_the_tail_ring_reads_every_record_once_from_disk(make_
                                                                          monkeypatch):
     log = make_log(tail_ring_batches_max=1, **SEGMENT_SMALL)
     fill_batches(log, 2, 3)
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     reads = watch_disk(monkeypatch, partition)
     records = iter(log.reader(STREAM, 0, from_offset=4, follow=True))
     got = [next(records) for _ in range(2)]  # 4, 5: the batch in the ring
@@ -314,7 +314,7 @@ def test_timestamp_bounds_fall_where_the_high_water_mark_reaches_them(make_log, 
 def test_a_start_offset_past_where_the_timestamp_is_reached_wins(make_log):
     log = make_log()
     fill_batches(log, 2, 5)  # timestamps 0, 10, ..., 90
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     with Reader(partition, start_offset=3, start_timestamp_us=15) as reader:
         assert [r.offset for r in reader] == list(range(3, 10))
     with Reader(partition, start_offset=3, start_timestamp_us=65) as reader:
@@ -369,7 +369,7 @@ def fill_segments(log, count: int) -> None:
 
 
 def segment_bases(log) -> list[int]:
-    return [s.base_offset for s in log.partition(STREAM, 0).segments]
+    return [s.base_offset for s in log._partition(STREAM, 0).segments]
 
 
 def test_a_readers_hold_follows_its_position_and_keeps_retention_behind_it(make_log):
@@ -377,7 +377,7 @@ def test_a_readers_hold_follows_its_position_and_keeps_retention_behind_it(make_
     fill_segments(log, 30)
     bases = segment_bases(log)
     assert len(bases) >= 6
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     reader = log.reader(STREAM, 0, from_offset=bases[2] + 1)
     assert partition.min_hold() == bases[2] + 1
     deleted = log.apply_retention()
@@ -399,7 +399,7 @@ def test_a_readers_hold_follows_its_position_and_keeps_retention_behind_it(make_
 def test_close_releases_the_hold(make_log):
     log = make_log(retention_bytes=1, **SEGMENT_SMALL)
     fill_segments(log, 20)
-    partition = log.partition(STREAM, 0)
+    partition = log._partition(STREAM, 0)
     reader = log.reader(STREAM, 0, from_offset=0, follow=True)
     assert next(iter(reader)).offset == 0
     assert log.apply_retention() == []

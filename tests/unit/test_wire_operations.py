@@ -23,7 +23,8 @@ from streamlog.wire.operations import (CLIENT_SIDE, CONNECTION_MESSAGES, INT, JS
                                        optional_enum)
 from streamlog.wire.session import Session
 
-SAMPLE_VALUES = {"str": "s-1", "u32": 7, "i64": -5, "u64": 1 << 63, "blob": b"m"}
+SAMPLE_VALUES = {"str": "s-1", "u32": 7, "i64": -5, "u64": 1 << 63, "blob": b"m",
+                 "opt_i64": -6}
 
 
 def _shape(function) -> list[tuple[str, object]]:
@@ -90,7 +91,9 @@ class FakeLog:
                "commit_txn": 4, "abort_txn": 5, "txn_state": TxnState.ABORTED,
                "last_commit": b"marker", "truncate_after": 6, "start_offset": 1,
                "end_offset": 8, "last_stable_offset": 7, "streams": ["a", "b"],
-               "partition_count": 2, "init_producer": 12, "begin_txn": 0xfeed}
+               "partition_count": 2, "init_producer": 12, "begin_txn": 0xfeed,
+               "open_transactions": {1 << 63: 4, 9: 0}, "apply_retention": ["a", "b"],
+               "hold": None, "release_hold": True, "holds": {"h": {"offset": 3}}}
 
     def __init__(self) -> None:
         self.calls = []
