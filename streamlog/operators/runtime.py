@@ -453,18 +453,13 @@ class OperatorRuntime:
         self._hold_due = now + HOLD_INTERVAL_S
         need_in, need_out = self.required_positions()
         held_in, held_out = self._held
+        # (a log through a daemon holds too: hold is part of the API, api.LogAPI)
         if need_in is not None and need_in != held_in:
-            hold = getattr(self.input_log, "hold", None)
-            if hold is None:
-                if held_in is None:
-                    recovery_log.warning("the input log cannot hold positions (a remote "
-                                         "log): retention may remove input a recovery needs")
-            else:
-                hold(self.input_stream, self.input_partition, self.hold_name, need_in)
+            self.input_log.hold(self.input_stream, self.input_partition, self.hold_name,
+                                need_in)
         if need_out is not None and need_out != held_out:
-            hold = getattr(self.output_log, "hold", None)
-            if hold is not None:
-                hold(self.output_stream, self.output_partition, self.hold_name, need_out)
+            self.output_log.hold(self.output_stream, self.output_partition, self.hold_name,
+                                 need_out)
         self._held = (need_in, need_out)
 
     def release_holds(self) -> None:
@@ -473,9 +468,7 @@ class OperatorRuntime:
                                          self.input_partition),
                                         (self.output_log, self.output_stream,
                                          self.output_partition)):
-            release = getattr(log_, "release_hold", None)
-            if release is not None:
-                release(stream, partition, self.hold_name)
+            log_.release_hold(stream, partition, self.hold_name)
         self._held = (None, None)
         self.hold_input = False
 
