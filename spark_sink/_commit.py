@@ -37,6 +37,7 @@ import logging
 import os
 
 from streamlog import InvalidArgument, RecordKind, StreamLogError
+from streamlog.records import RECORD_OVERHEAD_BYTES
 
 from ._options import TRUNCATE, SinkOptions
 from ._staging import load_runs
@@ -265,7 +266,7 @@ def _chunk_rows(target, runs) -> int:
     config = target.config
     rows = sum(batch.num_rows for batch in runs)
     size = sum(batch.column("key").nbytes + batch.column("value").nbytes for batch in runs)
-    per_row = size / max(rows, 1) + 24 + 8  # the log's per-record overhead, with slack
+    per_row = size / max(rows, 1) + RECORD_OVERHEAD_BYTES + 8  # (8: slack)
     by_bytes = int(config.frame_bytes_max // 2 * 0.9 / per_row)
     return max(1, min(config.batch_records_max, CHUNK_ROWS, by_bytes))
 

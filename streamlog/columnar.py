@@ -45,12 +45,11 @@ import pyarrow.compute as pc
 import xxhash
 
 from .errors import InvalidAppend
+from .records import RECORD_OVERHEAD_BYTES
 from .payload import EncodedRows
 from .validate import INT64_MAX, INT64_MIN
 
 COLUMN_NAMES = ("value", "key", "timestamp", "headers")
-# What log._cut counts per record on top of its key and value bytes.
-RECORD_OVERHEAD_BYTES = 24
 # NumPy datetime64 units -> (multiplier, divisor) to microseconds.
 _DATETIME_UNITS = {"W": (7 * 86_400_000_000, 1), "D": (86_400_000_000, 1),
                    "h": (3_600_000_000, 1), "m": (60_000_000, 1), "s": (1_000_000, 1),

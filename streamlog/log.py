@@ -44,7 +44,7 @@ from .reader import Reader
 from .scrub import read_scrub_status
 from . import validate
 from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN, as_bytes as _as_bytes
-from .records import AppendResult, RecordKind, RecordPosition
+from .records import RECORD_OVERHEAD_BYTES, AppendResult, RecordKind, RecordPosition
 
 FORMAT = {"format": "streamlog", "version": 1}
 
@@ -388,7 +388,7 @@ class Log:
                 partition = self._assign(stream, [key], len(partitions)).popitem()[0]
             if timestamp_us is None:
                 timestamp_us = self.clock.wall_us()
-            size = len(value) + (len(key) if key is not None else 0) + 24
+            size = len(value) + (len(key) if key is not None else 0) + RECORD_OVERHEAD_BYTES
             return partitions[partition], [Piece([timestamp_us], [key], [value], None, None,
                                                  size, 0)]
         target, pieces = self._prepare(stream, [value], [key], _one(timestamp_us), partition,
@@ -1169,12 +1169,14 @@ def _cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list
     budget = config.frame_bytes_max // 2
     if isinstance(rows, range) and len(rows) == len(values) and len(rows) <= (
             config.batch_records_max):
-        size = sum(map(len, values)) + sum(map(len, filter(None, keys))) + 24 * len(rows)
+        size = (sum(map(len, values)) + sum(map(len, filter(None, keys)))
+                + RECORD_OVERHEAD_BYTES * len(rows))
         if size <= budget:
             return [_piece(rows, values, keys, timestamps, headers, kinds, txn_id, size)]
     pieces, current, size = [], [], 0
     for row in rows:
-        record = len(values[row]) + (len(keys[row]) if keys[row] is not None else 0) + 24
+        record = (len(values[row]) + (len(keys[row]) if keys[row] is not None else 0)
+                  + RECORD_OVERHEAD_BYTES)
         if current and (size + record > budget or len(current) >= config.batch_records_max):
             pieces.append(_piece(current, values, keys, timestamps, headers, kinds, txn_id,
                                  size))

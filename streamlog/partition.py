@@ -26,7 +26,7 @@ import threading
 
 from . import holds, maintenance
 from .appender import Appender, Pending, Piece, Waiter
-from .records import RecordKind
+from .records import RECORD_OVERHEAD_BYTES, RecordKind
 from .txn import (TxnState, encode_begin, encode_commit, encode_epoch, new_txn_id,
                   producer_tag, random_txn_id)
 from .clock import SYSTEM_CLOCK
@@ -260,7 +260,7 @@ class Partition:
                                     [name, encode_commit(producer_tag(transactional_id),
                                                          encode_epoch(epoch))],
                                     [int(RecordKind.PRODUCER), int(RecordKind.COMMIT)], None,
-                                    len(name) + 64 + 2 * 24, fence))
+                                    len(name) + 64 + 2 * RECORD_OVERHEAD_BYTES, fence))
                 first = self.appender.write_from_job(pieces)
                 assert first + len(pieces) - 1 == epoch
                 if len(pieces) > 1:
@@ -281,7 +281,7 @@ class Partition:
                 self.txns_written_here.add(txn_id)
                 self.appender.write_from_job([Piece(
                     [self.clock.wall_us()], [None], [value], [int(RecordKind.BEGIN)], None,
-                    len(value) + 24, txn_id)])
+                    len(value) + RECORD_OVERHEAD_BYTES, txn_id)])
                 return txn_id
         return self.run_job(job)
 
@@ -321,7 +321,7 @@ class Partition:
 
     def _marker_piece(self, txn_id: int, kind, value: bytes) -> Piece:
         return Piece([self.clock.wall_us()], [None], [value], [int(kind)], None,
-                     len(value) + 24, txn_id)
+                     len(value) + RECORD_OVERHEAD_BYTES, txn_id)
 
     # -- opening --------------------------------------------------------------------
 

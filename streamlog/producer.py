@@ -50,13 +50,12 @@ from .errors import (BufferFull, InvalidAppend, InvalidArgument, LogClosed, Prod
                      ReadOnlyLog, StreamLogError)
 from .config import LogConfig
 from .log import Log, partition_for_key
-from .records import RecordPosition
+from .records import RECORD_OVERHEAD_BYTES, RecordPosition
 
 log = logging.getLogger("streamlog.producer")
 
 _INT64_MIN, _INT64_MAX = validate.INT64_MIN, validate.INT64_MAX
 # Per-record overhead the appender counts beside key and value bytes (log._cut).
-_RECORD_OVERHEAD_BYTES = 24
 # How often the background thread looks whether the log was closed under the producer
 # (its open batches then fail with LogClosed instead of waiting out their linger).
 _LOG_CHECK_S = 0.2
@@ -235,7 +234,7 @@ class Producer:
         self._partitioner = partitioner
         self._last_index = batch_records - 1
         # the largest record: the log's limit, and what the buffer can ever hold
-        self._size_max = min(config.record_bytes_max + _RECORD_OVERHEAD_BYTES, buffer_bytes)
+        self._size_max = min(config.record_bytes_max + RECORD_OVERHEAD_BYTES, buffer_bytes)
         self._wall_us = log.clock.wall_us if local else _wall_us
         self._remote = None if local else log.send_batch
         self._lock = threading.Lock()
@@ -300,7 +299,7 @@ class Producer:
         if (type(value) is bytes and (key is None or type(key) is bytes) and partition is None
                 and type(timestamp_us) is int and _INT64_MIN < timestamp_us <= _INT64_MAX
                 and not headers and self._partitioner is None):
-            size = len(value) + _RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
+            size = len(value) + RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
             if size > self._size_max:
                 return self._reject(self._too_large(size))
             number = -1 if key is None or self._count == 1 else partition_for_key(
@@ -345,7 +344,7 @@ class Producer:
         except InvalidAppend as error:
             return self._reject(error)
         value, key, timestamp_us = values[0], keys[0], timestamps[0]
-        size = len(value) + _RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
+        size = len(value) + RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
         if size > self._size_max:
             return self._reject(self._too_large(size))
         number = self._route(key, partition)
@@ -384,9 +383,9 @@ class Producer:
 
     def _too_large(self, size: int) -> InvalidAppend:
         limit = self._size_max
-        return InvalidAppend(f"record is {size - _RECORD_OVERHEAD_BYTES} bytes; the limit is "
-                             f"{limit - _RECORD_OVERHEAD_BYTES} (record_bytes_max, and "
-                             f"buffer_bytes less {_RECORD_OVERHEAD_BYTES} per record)")
+        return InvalidAppend(f"record is {size - RECORD_OVERHEAD_BYTES} bytes; the limit is "
+                             f"{limit - RECORD_OVERHEAD_BYTES} (record_bytes_max, and "
+                             f"buffer_bytes less {RECORD_OVERHEAD_BYTES} per record)")
 
     # -- batches (under _lock) ----------------------------------------------------------
 

@@ -14,6 +14,11 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
+# What the log counts per record on top of its key and value bytes when it sizes frames,
+# buffers and bounds (the payload's per-record columns: timestamp, lengths, kind). One
+# constant for every path that cuts or buffers records.
+RECORD_OVERHEAD_BYTES = 24
+
 
 class RecordKind(enum.IntEnum):
     DATA = 0

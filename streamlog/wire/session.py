@@ -30,7 +30,7 @@ import numpy as np
 from ..appender import Piece
 from ..errors import StreamLogError
 from ..payload import EncodedRows
-from ..records import AppendResult, RecordKind
+from ..records import RECORD_OVERHEAD_BYTES, AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
 from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
 from .connection import CLOSED, DONE, ERROR, NEED_DATA, SCRATCH_BYTES
@@ -377,7 +377,7 @@ def _direct_piece(log, message: Append):
     else:
         return None  # key hash or round robin: the log's choice
     sizes = columns.value_lengths + np.maximum(columns.key_lengths, 0)
-    nbytes = int(sizes.sum()) + _PIECE_RECORD_BYTES * count
+    nbytes = int(sizes.sum()) + RECORD_OVERHEAD_BYTES * count
     if int(sizes.max()) > config.record_bytes_max or nbytes > config.frame_bytes_max // 2:
         return None
     if message.timestamps_given:
@@ -397,7 +397,6 @@ def _direct_piece(log, message: Append):
 
 
 _INT64_MIN = -(1 << 63)
-_PIECE_RECORD_BYTES = 24  # what Log._cut counts per record beyond key and value
 
 
 # -- reads and tails -------------------------------------------------------------------
