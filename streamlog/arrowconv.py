@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .payload import Columns, decode_headers, _offsets
+from .payload import Columns, decode_headers, offsets_of
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -45,8 +45,8 @@ def columns_to_arrow(columns: Columns, partition: int, lo: int, hi: int, *,
 def _binary(lengths: np.ndarray, blob, lo: int, hi: int, *, nullable: bool) -> pa.Array:
     n = hi - lo
     clipped = np.maximum(lengths[lo:hi], 0)
-    offsets = _offsets(clipped)
-    start = int(_offsets(np.maximum(lengths[:lo], 0))[-1]) if lo else 0
+    offsets = offsets_of(clipped)
+    start = int(offsets_of(np.maximum(lengths[:lo], 0))[-1]) if lo else 0
     data = pa.py_buffer(blob[start:start + int(offsets[-1])])
     validity = None
     null_count = 0
@@ -63,7 +63,7 @@ def _binary(lengths: np.ndarray, blob, lo: int, hi: int, *, nullable: bool) -> p
 def _headers(columns: Columns, lo: int, hi: int) -> pa.Array:
     if columns.header_lengths is None:
         return pa.array([None] * (hi - lo), type=HEADERS)
-    offsets = _offsets(columns.header_lengths)
+    offsets = offsets_of(columns.header_lengths)
     rows = []
     for i in range(lo, hi):
         pairs = decode_headers(columns.headers[offsets[i]:offsets[i + 1]])

@@ -66,10 +66,10 @@ class Columns:
         return len(self.timestamps_us)
 
     def key_offsets(self) -> np.ndarray:
-        return _offsets(np.maximum(self.key_lengths, 0))
+        return offsets_of(np.maximum(self.key_lengths, 0))
 
     def value_offsets(self) -> np.ndarray:
-        return _offsets(self.value_lengths)
+        return offsets_of(self.value_lengths)
 
 
 def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tuple[bytes, int]:
@@ -292,7 +292,7 @@ def _records_with_headers(columns: Columns, partition: int, rows, kinds):
     value_offsets = columns.value_offsets().tolist()
     key_lengths = columns.key_lengths.tolist()
     timestamps = columns.timestamps_us.tolist()
-    header_offsets = _offsets(columns.header_lengths).tolist()
+    header_offsets = offsets_of(columns.header_lengths).tolist()
     keys, values = bytes(columns.keys), bytes(columns.values)
     base, txn_id = columns.base_offset, columns.txn_id
     first = rows[0] if len(rows) else 0
@@ -374,7 +374,8 @@ def advance_hwm(hwm: int | None, time_us: int | None) -> int | None:
     return time_us if hwm is None or time_us > hwm else hwm
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """Start offsets of items with `lengths`, and the end: n + 1 values from 0."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out

@@ -45,9 +45,6 @@ _SPARK_SHARED = ("spark_sink shares spark_source's option parsing (the Kafka sou
                  "integration; a public module of spark_source for what they share "
                  "would end it")
 ALLOWED: dict[tuple[str, str], str] = {
-    ("streamlog.arrowconv", "imports private name _offsets from streamlog.payload"):
-        "a core module using a helper of another core module: payload.py should name "
-        "it publicly (payload.py and arrowconv.py are outside this change)",
     ("spark_sink._options", "imports private module spark_source._options"): _SPARK_SHARED,
     ("spark_sink._writer", "imports private module spark_source._options"): _SPARK_SHARED,
     ("spark_sink._writer", "imports private module spark_source._ship"): _SPARK_SHARED,
