@@ -17,10 +17,11 @@ not sent), so the aborted-transactions list is always empty. A null value or hea
 value is stored as b"" (the log has no null value).
 
 Cost per record: a produced batch without headers or null values is decoded into Arrow
-arrays (records.py: one Python step per record, to hop to the next) and appended with
-append_columns; other batches go through lists and append_batch. A fetched log batch
-of data without headers is encoded with NumPy from its columns (records.encode_arrays);
-control records and records with headers take the per-record encoder.
+arrays (record_decoding.py: one Python step per record, to hop to the next) and
+appended with append_columns; other batches go through lists and append_batch. A
+fetched log batch of data without headers is encoded with NumPy from its columns
+(record_encoding.encode_arrays); control records and records with headers take the
+per-record encoder.
 
 Idempotent producers: InitProducerId gives a new producer id (epoch 0) every time, as
 Kafka does for a producer without a transactional id, never one handed out before
@@ -54,11 +55,11 @@ import numpy as np
 
 from .. import errors as log_errors
 from ..records import RecordKind
-from . import records as kafka_records
+from . import record_decoding, record_encoding, records as kafka_records
 from .codec import Request, build, response_schema
 from .errors import ErrorCode
 from .producer_state import ProducerState
-from .producers import Batch as SequencedBatch, Verdict
+from .producers import Batch as SequencedBatch, SequenceVerdict
 
 OFFSETS_STREAM = "kafka.consumer_offsets"  # a stream name starts with a letter or digit
 NODE_ID = 0
@@ -66,8 +67,8 @@ CLUSTER_ID = "streamlog"
 _LOG = logging.getLogger("streamlog.kafka")
 _BATCH_RECORDS_MAX = 4096  # records per batch in a Fetch response
 _CHUNK_BYTES = 1 << 20  # about this many key and value bytes per batch too
-_VERDICT_CODES = {Verdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
-                  Verdict.FENCED: ErrorCode.invalid_producer_epoch}
+_VERDICT_CODES = {SequenceVerdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
+                  SequenceVerdict.FENCED: ErrorCode.invalid_producer_epoch}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +211,7 @@ class Broker:
         if count is None or not 0 <= partition < count:
             return ErrorCode.unknown_topic_or_partition, -1
         try:
-            batches = kafka_records.decode_batches(data, as_arrays=True)
+            batches = record_decoding.decode_batches(data, as_arrays=True)
         except kafka_records.BatchError as error:
             _LOG.warning("kafka_bad_batch", extra={"fields": {
                 "topic": topic, "partition": partition, "error": str(error)}})
@@ -247,7 +248,7 @@ class Broker:
             SequencedBatch(batch.producer_epoch, batch.base_sequence, len(batch)),
             nbytes=nbytes,
             append=lambda stamp: self._append(topic, partition, batch, stamp))
-        if decision.verdict in (Verdict.APPEND, Verdict.DUPLICATE):
+        if decision.verdict in (SequenceVerdict.APPEND, SequenceVerdict.DUPLICATE):
             return ErrorCode.none, decision.base_offset
         _LOG.warning("kafka_sequence_refused", extra={"fields": {
             "topic": topic, "partition": partition, "producer_id": batch.producer_id,
@@ -458,7 +459,7 @@ def read_batches(log, topic: str, partition: int, offset: int, max_bytes: int,
         if reader.next_offset - 1 > last_sent:
             # read_committed skipped an aborted transaction (its marker included) at
             # the end: a control batch on its last offset moves the consumer past it
-            out.append(kafka_records.encode_control_batch(reader.next_offset - 1, 0,
+            out.append(record_encoding.encode_control_batch(reader.next_offset - 1, 0,
                                                           commit=False))
     finally:
         reader.close()
@@ -492,7 +493,7 @@ def _kafka_chunks(records, columns):
         if run:
             yield _data_batch(run, columns), run[-1].offset
             run = []
-        yield kafka_records.encode_control_batch(
+        yield record_encoding.encode_control_batch(
             record.offset, record.timestamp_us // 1000,
             commit=record.kind != RecordKind.ABORT), record.offset
     if run:
@@ -521,7 +522,7 @@ def _array_chunks(columns, lo: int, hi: int):
         limit = sizes[start] + _CHUNK_BYTES
         end = min(hi, start + _BATCH_RECORDS_MAX,
                   max(start + 1, int(np.searchsorted(sizes, limit, side="right")) - 1))
-        yield kafka_records.encode_arrays(
+        yield record_encoding.encode_arrays(
             columns.base_offset + start, stamps_ms[start:end], columns.key_lengths[start:end],
             columns.keys[key_offsets[start]:key_offsets[end]],
             columns.value_lengths[start:end],
@@ -533,7 +534,7 @@ def _array_chunks(columns, lo: int, hi: int):
 def _data_batch(run, columns) -> bytes:
     base = run[0].offset
     headers = [r.headers for r in run]
-    return kafka_records.encode_columns(
+    return record_encoding.encode_columns(
         base, [r.offset - base for r in run], [r.timestamp_us // 1000 for r in run],
         [r.key for r in run], [r.value for r in run], headers if any(headers) else None,
         **_producer_fields(columns, base - columns.base_offset))

@@ -68,7 +68,7 @@ from .. import errors as log_errors
 from ..fileio import read_file, write_file_atomic
 from ..frame import ProducerStamp
 from . import producers
-from .producers import Anchor, Batch, Decision, Snapshot, Verdict
+from .producers import Anchor, Batch, Decision, SequenceVerdict, Snapshot
 
 _LOG = logging.getLogger("streamlog.kafka")
 ID_BLOCK = 1000
@@ -173,7 +173,7 @@ class ProducerState:
         with table.for_producer(producer_id):
             with table.lock:
                 decision = producers.decide(table.entries.get(producer_id), batch)
-                if decision.verdict is not Verdict.APPEND:
+                if decision.verdict is not SequenceVerdict.APPEND:
                     return decision
                 table.in_flight += 1
             base = None
@@ -192,7 +192,7 @@ class ProducerState:
                         base + batch.record_count)
         if due:
             self._snapshot(table, stream, partition)
-        return Decision(Verdict.APPEND, base_offset=base)
+        return Decision(SequenceVerdict.APPEND, base_offset=base)
 
     def close(self) -> None:
         """Snapshot every table that changed since its snapshot (a clean shutdown's

@@ -47,7 +47,9 @@ PRODUCERS_MAX = 4096  # per partition; beyond it the least recently active are d
 SNAPSHOT_FORMAT = 1
 
 
-class Verdict(enum.Enum):
+class SequenceVerdict(enum.Enum):
+    """What `decide` makes of a batch's producer epoch and sequence numbers."""
+
     APPEND = "append"
     DUPLICATE = "duplicate"
     OUT_OF_ORDER = "out_of_order"
@@ -95,7 +97,7 @@ class Batch:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
-    verdict: Verdict
+    verdict: SequenceVerdict
     base_offset: int = -1  # DUPLICATE: the offset the batch got the first time
     reason: str = ""  # OUT_OF_ORDER and FENCED: a sentence for the log
 
@@ -105,26 +107,26 @@ def decide(entry: ProducerEntry | None, batch: Batch) -> Decision:
     `entry` (None: it has none). See the module docstring for the rules."""
     _check(batch)
     if entry is None:
-        return Decision(Verdict.APPEND)
+        return Decision(SequenceVerdict.APPEND)
     assert entry.batches
     if batch.epoch < entry.epoch:
-        return Decision(Verdict.FENCED, reason=f"epoch {batch.epoch} is older than the "
-                                               f"producer's epoch {entry.epoch}")
+        return Decision(SequenceVerdict.FENCED, reason=(
+            f"epoch {batch.epoch} is older than the producer's epoch {entry.epoch}"))
     if batch.epoch == entry.epoch:
         for seen in entry.batches:
             if (seen.first_sequence, seen.last_sequence) == (batch.first_sequence,
                                                               batch.last_sequence):
-                return Decision(Verdict.DUPLICATE, base_offset=seen.base_offset)
+                return Decision(SequenceVerdict.DUPLICATE, base_offset=seen.base_offset)
         expected = _next_sequence(entry.last_sequence)
         if batch.first_sequence != expected:
-            return Decision(Verdict.OUT_OF_ORDER, reason=(
+            return Decision(SequenceVerdict.OUT_OF_ORDER, reason=(
                 f"sequence {batch.first_sequence}, expected {expected}"))
-        return Decision(Verdict.APPEND)
+        return Decision(SequenceVerdict.APPEND)
     if batch.first_sequence != 0:
-        return Decision(Verdict.OUT_OF_ORDER, reason=(
+        return Decision(SequenceVerdict.OUT_OF_ORDER, reason=(
             f"sequence {batch.first_sequence} starts the new epoch {batch.epoch}, "
             f"expected 0"))
-    return Decision(Verdict.APPEND)
+    return Decision(SequenceVerdict.APPEND)
 
 
 def appended(entry: ProducerEntry | None, batch: Batch, base_offset: int) -> ProducerEntry:

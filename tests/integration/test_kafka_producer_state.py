@@ -5,7 +5,6 @@ never handed out twice; the stamp served back by Fetch."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -14,27 +13,16 @@ import sys
 
 import pyarrow as pa
 import pytest
-from kio.index import load_request_schema
-from kio.serial import entity_writer
 
 import streamlog
-from streamlog.kafka import codec, records
+from streamlog.kafka import record_decoding, record_encoding, records
 from streamlog.kafka.broker import Broker, read_batches
 from streamlog.kafka.errors import ErrorCode
 from streamlog.kafka.producer_state import ID_BLOCK, ProducerIds
 from streamlog.testing.serve import ServeProcess
+from harness.kafka_requests import parsed, produce_fields
 
 TOPIC = "t"
-
-
-def parsed(api_key: int, version: int, **fields):
-    schema = load_request_schema(api_key, version)
-    out = io.BytesIO()
-    header = schema.__header_schema__
-    entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
-                                      correlation_id=1, client_id="test"))
-    entity_writer(schema)(out, codec.build(schema, **fields))
-    return codec.parse_request(out.getvalue())
 
 
 def new_producer(broker: Broker) -> int:
@@ -46,7 +34,7 @@ def new_producer(broker: Broker) -> int:
 
 def batch(producer_id: int, sequence: int, count: int = 3, epoch: int = 0,
           headers: bool = False, value_bytes: int = 8) -> bytes:
-    return records.encode_batch(0, [
+    return record_encoding.encode_batch(0, [
         records.KafkaRecord(i, 1_700_000_000_000 + i, b"k%d" % i,
                             b"%d" % (sequence + i) * value_bytes,
                             (("h", b"x"),) if headers else ())
@@ -55,8 +43,7 @@ def batch(producer_id: int, sequence: int, count: int = 3, epoch: int = 0,
 
 
 def produce(broker: Broker, data: bytes, partition: int = 0) -> tuple[int, int]:
-    response = broker.handle_produce(parsed(0, 8, acks=-1, timeout=1000, topic_data=[
-        {"name": TOPIC, "partition_data": [{"index": partition, "records": data}]}]))
+    response = broker.handle_produce(parsed(0, 8, **produce_fields(TOPIC, partition, data)))
     (answer,) = response.responses[0].partition_responses
     return answer.error_code, answer.base_offset
 
@@ -183,7 +170,7 @@ def test_fetch_returns_the_producer_id_epoch_and_sequence(log_path):
             chunks = read_batches(log, TOPIC, 0, start, 1 << 20, False, at_least_one=True)
             assert [(b.base_offset, b.producer_id, b.producer_epoch, b.base_sequence,
                      len(b)) for chunk in chunks
-                    for b in records.decode_batches(chunk)] == batches
+                    for b in record_decoding.decode_batches(chunk)] == batches
 
 
 def test_a_batch_that_does_not_fit_one_frame_is_refused_whole(tmp_path):

@@ -17,7 +17,6 @@ The counts of each run are printed (pytest -s shows them).
 from __future__ import annotations
 
 import asyncio
-import io
 import random
 import signal
 import socket
@@ -27,13 +26,14 @@ import threading
 import time
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.index import load_response_schema
+from kio.serial import entity_reader
 
 import streamlog
-from streamlog.kafka import codec, records
+from streamlog.kafka import record_encoding, records
 from streamlog.kafka.server import KafkaConfig, KafkaServer
 from streamlog.testing.serve import ServeProcess
+from harness.kafka_requests import framed, produce_fields, request_bytes
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 aiokafka = pytest.importorskip("aiokafka")
@@ -240,17 +240,6 @@ def test_idempotent_producer_exactly_once_across_restarts(tmp_path, client, sign
 
 # -- the Kafka listener's drain, in this process ------------------------------------------
 
-def request(api_key: int, version: int, **fields) -> bytes:
-    """A framed request, as a client sends it."""
-    schema = load_request_schema(api_key, version)
-    out = io.BytesIO()
-    header = schema.__header_schema__
-    entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
-                                      correlation_id=1, client_id="test"))
-    entity_writer(schema)(out, codec.build(schema, **fields))
-    return struct.pack(">i", len(out.getvalue())) + out.getvalue()
-
-
 async def answer(reader: asyncio.StreamReader) -> bytes:
     (size,) = struct.unpack(">i", await reader.readexactly(4))
     return await reader.readexactly(size)
@@ -265,10 +254,10 @@ async def listening(log) -> KafkaServer:
 def test_drain_answers_a_produce_whose_append_is_under_way(tmp_path):
     """close() while a Produce is appending: the append finishes, its answer reaches
     the client, then the connection ends; close() waited for it."""
-    batch = records.encode_batch(0, [records.KafkaRecord(0, 1_700_000_000_000, b"k", b"v")],
-                                 producer_id=5, producer_epoch=0, base_sequence=0)
-    produce = request(0, 8, acks=-1, timeout=1000, topic_data=[
-        {"name": TOPIC, "partition_data": [{"index": 0, "records": batch}]}])
+    batch = record_encoding.encode_batch(
+        0, [records.KafkaRecord(0, 1_700_000_000_000, b"k", b"v")], producer_id=5,
+        producer_epoch=0, base_sequence=0)
+    produce = framed(request_bytes(0, 8, **produce_fields(TOPIC, 0, batch)))
 
     async def main(log) -> None:
         server = await listening(log)
@@ -307,7 +296,7 @@ def test_drain_ends_busy_connections_every_time(tmp_path):
     lost in a read that completes as it arrives kept a connection serving, and close()
     waiting for it, forever.)"""
     rng = random.Random(7)
-    api_versions = request(18, 2)
+    api_versions = framed(request_bytes(18, 2))
 
     async def client(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -77,21 +77,31 @@ def follow_in_process(log, out: str) -> None:
         _line(handle, f"F {record.offset} {record.value.decode()}")
 
 
-def follow(path: str, out: str) -> None:
-    """A read-only view that refreshes: resumes after the last complete line of OUT."""
-    next_offsets = [0] * PARTITIONS
+def resume(path: str, out: str,
+           offset_field: int) -> tuple[dict[str, int], int, streamlog.Log]:
+    """Where a read-only view goes on (it may have been killed before): (next offsets,
+    OUT's handle, the log). The next offsets follow OUT's complete lines, keyed by each
+    line's field 1 (a partition or a follower), with the offset in field `offset_field`;
+    OUT is opened for appending; the log at `path` is opened read-only as soon as a
+    writer has created it."""
+    next_offsets: dict[str, int] = {}
     if os.path.exists(out):
         with open(out, "rb") as existing:
             for raw in existing.read().split(b"\n")[:-1]:
-                _, partition, offset, _ = raw.decode().split(" ", 3)
-                next_offsets[int(partition)] = int(offset) + 1
+                fields = raw.decode().split(" ", offset_field + 1)
+                next_offsets[fields[1]] = int(fields[offset_field]) + 1
     handle = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     while True:
         try:
-            log = streamlog.open_log(path, readonly=True)
-            break
+            return next_offsets, handle, streamlog.open_log(path, readonly=True)
         except streamlog.StreamLogError:
             time.sleep(0.05)  # no writer has created the log yet
+
+
+def follow(path: str, out: str) -> None:
+    """A read-only view that refreshes: resumes after the last complete line of OUT."""
+    resumed, handle, log = resume(path, out, offset_field=2)
+    next_offsets = [resumed.get(str(partition), 0) for partition in range(PARTITIONS)]
     _line(sys.stdout.fileno(), "READY")
     while True:
         log.refresh()
@@ -112,19 +122,8 @@ TAIL_FOLLOWERS = {"p0": 0, "p1": 1, "p2": 2, "p0bis": 0}  # follower -> its part
 
 def tail(path: str, out: str) -> None:
     """A read-only view whose following readers take the appends in by themselves."""
-    next_offsets = dict.fromkeys(TAIL_FOLLOWERS, 0)
-    if os.path.exists(out):
-        with open(out, "rb") as existing:
-            for raw in existing.read().split(b"\n")[:-1]:
-                _, name, _, offset, _ = raw.decode().split(" ", 4)
-                next_offsets[name] = int(offset) + 1
-    handle = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    while True:
-        try:
-            log = streamlog.open_log(path, readonly=True)
-            break
-        except streamlog.StreamLogError:
-            time.sleep(0.05)  # no writer has created the log yet
+    resumed, handle, log = resume(path, out, offset_field=3)
+    next_offsets = {name: resumed.get(name, 0) for name in TAIL_FOLLOWERS}
     threads = [threading.Thread(target=tail_one, daemon=True,
                                 args=(log, handle, name, partition, next_offsets[name]))
                for name, partition in TAIL_FOLLOWERS.items()]

@@ -19,7 +19,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial._introspect import classify_field, get_field_tag, is_optional
 
 import streamlog
-from streamlog.kafka import codec, records
+from streamlog.kafka import codec, record_decoding, record_encoding, records
 from streamlog.kafka.broker import Broker, read_batches
 from streamlog.kafka.errors import ErrorCode, FrameTooLarge, KafkaProtocolError, \
     UnsupportedRequest
@@ -285,31 +285,31 @@ RECORDS = [records.KafkaRecord(0, 1_700_000_000_000, b"k", b"v", (("h", b"1"),))
 
 
 def test_batch_round_trip():
-    data = records.encode_batch(42, RECORDS, producer_id=7, producer_epoch=1,
+    data = record_encoding.encode_batch(42, RECORDS, producer_id=7, producer_epoch=1,
                                 base_sequence=3)
-    (batch,) = records.decode_batches(data)
+    (batch,) = record_decoding.decode_batches(data)
     assert batch.base_offset == 42 and batch.records == tuple(
         records.KafkaRecord(r.offset_delta, r.timestamp_ms, r.key, r.value, r.headers)
         for r in RECORDS)
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 1, 3)
     assert batch.max_timestamp_ms == 1_700_000_000_005
-    two = records.decode_batches(data + records.encode_batch(45, RECORDS[:1]))
+    two = record_decoding.decode_batches(data + record_encoding.encode_batch(45, RECORDS[:1]))
     assert [b.base_offset for b in two] == [42, 45]
 
 
 def test_bad_crc_is_corrupt_message():
-    data = bytearray(records.encode_batch(0, RECORDS))
+    data = bytearray(record_encoding.encode_batch(0, RECORDS))
     data[-1] ^= 0xFF
     with pytest.raises(records.BatchError) as caught:
-        records.decode_batches(bytes(data))
+        record_decoding.decode_batches(bytes(data))
     assert caught.value.code == ErrorCode.corrupt_message
 
 
 @pytest.mark.parametrize("cut", [1, 30, 70])
 def test_short_batch_is_corrupt_message(cut):
-    data = records.encode_batch(0, RECORDS)
+    data = record_encoding.encode_batch(0, RECORDS)
     with pytest.raises(records.BatchError) as caught:
-        records.decode_batches(data[:-cut])
+        record_decoding.decode_batches(data[:-cut])
     assert caught.value.code == ErrorCode.corrupt_message
 
 
@@ -346,29 +346,29 @@ def _xerial_block(cramjam, body: bytes) -> bytes:
 @pytest.mark.parametrize("name", ["gzip", "snappy", "snappy-xerial", "lz4", "zstd"])
 def test_compressed_batches_decode(name):
     number, compress = _codecs()[name]
-    plain = records.encode_batch(0, RECORDS)
+    plain = record_encoding.encode_batch(0, RECORDS)
     data = _recompress(plain, number, compress(plain[records.HEADER_BYTES:]))
-    (batch,) = records.decode_batches(data)
+    (batch,) = record_decoding.decode_batches(data)
     assert batch.compression == number
     assert [r.value for r in batch.records] == [r.value for r in RECORDS]
 
 
 def test_unknown_codec_and_old_magic_are_refused():
-    plain = records.encode_batch(0, RECORDS)
+    plain = record_encoding.encode_batch(0, RECORDS)
     with pytest.raises(records.BatchError) as caught:
-        records.decode_batches(_recompress(plain, 5, plain[records.HEADER_BYTES:]))
+        record_decoding.decode_batches(_recompress(plain, 5, plain[records.HEADER_BYTES:]))
     assert caught.value.code == ErrorCode.unsupported_compression_type
     old = bytearray(plain)
     old[16] = 1
     with pytest.raises(records.BatchError) as caught:
-        records.decode_batches(bytes(old))
+        record_decoding.decode_batches(bytes(old))
     assert caught.value.code == ErrorCode.unsupported_for_message_format
 
 
 def test_garbage_compressed_body_is_corrupt_message():
-    plain = records.encode_batch(0, RECORDS)
+    plain = record_encoding.encode_batch(0, RECORDS)
     with pytest.raises(records.BatchError) as caught:
-        records.decode_batches(_recompress(plain, records.ZSTD, b"not zstd at all"))
+        record_decoding.decode_batches(_recompress(plain, records.ZSTD, b"not zstd at all"))
     assert caught.value.code == ErrorCode.corrupt_message
 
 
@@ -382,8 +382,8 @@ def test_array_encoder_matches_the_record_encoder_byte_for_byte():
                 for _ in range(count)]
         values = [rng.randbytes(rng.choice([0, 1, 63, 64, 100, 9000]))
                   for _ in range(count)]
-        expected = records.encode_columns(trial, list(range(count)), stamps, keys, values)
-        got = records.encode_arrays(
+        expected = record_encoding.encode_columns(trial, list(range(count)), stamps, keys, values)
+        got = record_encoding.encode_arrays(
             trial, stamps, [-1 if k is None else len(k) for k in keys],
             b"".join(k for k in keys if k), [len(v) for v in values], b"".join(values))
         assert got == expected
@@ -401,18 +401,18 @@ def test_array_decoder_matches_the_list_decoder():
             None if with_null_value and i == count - 1 else rng.randbytes(
                 rng.choice([0, 1, 63, 64, 100, 9000])),
             (("h", b"v"),) if with_headers and i == 0 else ()) for i in range(count)]
-        data = records.encode_batch(trial, rows)
-        (plain,) = records.decode_batches(data)
-        (fast,) = records.decode_batches(data, as_arrays=True)
+        data = record_encoding.encode_batch(trial, rows)
+        (plain,) = record_decoding.decode_batches(data)
+        (fast,) = record_decoding.decode_batches(data, as_arrays=True)
         assert fast.records == plain.records == tuple(rows)
         assert (fast.arrays is None) == (with_headers or with_null_value)
         took_arrays += fast.arrays is not None
     assert took_arrays > 100
-    broken = bytearray(records.encode_batch(0, rows))
+    broken = bytearray(record_encoding.encode_batch(0, rows))
     broken[records.HEADER_BYTES] = 0x7E  # a record longer than the batch
     struct.pack_into(">I", broken, 17, crc32c.crc32c(bytes(broken[21:])))
     with pytest.raises(records.BatchError):
-        records.decode_batches(bytes(broken), as_arrays=True)
+        record_decoding.decode_batches(bytes(broken), as_arrays=True)
 
 
 def test_fetch_of_a_large_batch_is_cut_into_kafka_batches(tmp_path):
@@ -422,7 +422,7 @@ def test_fetch_of_a_large_batch_is_cut_into_kafka_batches(tmp_path):
         log.append_batch_sync("t", values, keys=[None if i % 3 else b"k" for i in
                                                  range(10_000)], partition=0)
         chunks = read_batches(log, "t", 0, 5, 1 << 30, False, at_least_one=True)
-        batches = [b for chunk in chunks for b in records.decode_batches(chunk)]
+        batches = [b for chunk in chunks for b in record_decoding.decode_batches(chunk)]
         assert len(batches) > 1
         got = [(b.base_offset + r.offset_delta, r.key, r.value)
                for b in batches for r in b.records]
@@ -497,13 +497,13 @@ def test_idempotent_retry_is_not_appended_twice(tmp_path):
         broker = Broker(log)
         pid = broker.handle_init_producer_id(codec.parse_request(request_bytes(
             22, 4, transactional_id=None, transaction_timeout=60000))).producer_id
-        batch = records.encode_batch(0, RECORDS, producer_id=pid, producer_epoch=0,
+        batch = record_encoding.encode_batch(0, RECORDS, producer_id=pid, producer_epoch=0,
                                      base_sequence=0)
         assert produced(broker, produce_request("t", 1, batch)) == (ErrorCode.none, 0)
         assert produced(broker, produce_request("t", 1, batch)) == (ErrorCode.none, 0)
-        later = records.encode_batch(0, RECORDS[:1], producer_id=pid, producer_epoch=0,
+        later = record_encoding.encode_batch(0, RECORDS[:1], producer_id=pid, producer_epoch=0,
                                      base_sequence=3)
-        gap = records.encode_batch(0, RECORDS[:1], producer_id=pid, producer_epoch=0,
+        gap = record_encoding.encode_batch(0, RECORDS[:1], producer_id=pid, producer_epoch=0,
                                    base_sequence=9)
         assert produced(broker, produce_request("t", 1, gap))[0] == \
             ErrorCode.out_of_order_sequence_number
@@ -520,7 +520,7 @@ def test_idempotent_retry_is_not_appended_twice(tmp_path):
             ErrorCode.corrupt_message
         assert produced(broker, produce_request("nope", 0, batch))[0] == \
             ErrorCode.unknown_topic_or_partition
-        assert broker.handle_produce(produce_request("t", 0, records.encode_batch(
+        assert broker.handle_produce(produce_request("t", 0, record_encoding.encode_batch(
             0, RECORDS), acks=0)) is None
         transactional = broker.handle_init_producer_id(codec.parse_request(request_bytes(
             22, 4, transactional_id="tx", transaction_timeout=60000)))
@@ -542,7 +542,7 @@ def test_fetch_serves_markers_as_control_batches_and_read_committed_skips_aborts
         def fetched(committed):
             out = []
             for chunk in read_batches(log, "t", 0, 0, 1 << 20, committed, at_least_one=True):
-                for batch in records.decode_batches(chunk):
+                for batch in record_decoding.decode_batches(chunk):
                     out += [("control" if batch.is_control else "data",
                              batch.base_offset + r.offset_delta, r.value)
                             for r in batch.records]

@@ -10,8 +10,9 @@ import pytest
 
 from streamlog.frame import SEQUENCE_MAX
 from streamlog.kafka.producers import (BATCHES_KEPT, Anchor, Batch, BatchMeta, Decision,
-                                       ProducerEntry, Snapshot, Verdict, appended, decide,
-                                       decode_snapshot, encode_snapshot, replayed, trimmed)
+                                       ProducerEntry, SequenceVerdict, Snapshot, appended,
+                                       decide, decode_snapshot, encode_snapshot, replayed,
+                                       trimmed)
 
 
 def entry_after(*batches: tuple[int, int, int, int]) -> ProducerEntry | None:
@@ -20,7 +21,7 @@ def entry_after(*batches: tuple[int, int, int, int]) -> ProducerEntry | None:
     entry = None
     for epoch, first, count, base in batches:
         batch = Batch(epoch, first, count)
-        assert decide(entry, batch).verdict is Verdict.APPEND
+        assert decide(entry, batch).verdict is SequenceVerdict.APPEND
         entry = appended(entry, batch, base)
     return entry
 
@@ -30,15 +31,15 @@ def entry_after(*batches: tuple[int, int, int, int]) -> ProducerEntry | None:
 @pytest.mark.parametrize("first", [0, 1, 77, SEQUENCE_MAX])
 def test_a_producer_with_no_entry_is_taken_at_any_sequence(first):
     # new, or every batch it wrote here is gone (retention): Kafka accepts any sequence
-    assert decide(None, Batch(0, first, 3)) == Decision(Verdict.APPEND)
+    assert decide(None, Batch(0, first, 3)) == Decision(SequenceVerdict.APPEND)
 
 
 def test_the_next_sequence_is_appended_and_a_gap_is_out_of_order():
     entry = entry_after((0, 0, 3, 100))  # sequences 0..2
-    assert decide(entry, Batch(0, 3, 1)).verdict is Verdict.APPEND
+    assert decide(entry, Batch(0, 3, 1)).verdict is SequenceVerdict.APPEND
     gap = decide(entry, Batch(0, 4, 1))
-    assert gap.verdict is Verdict.OUT_OF_ORDER and "expected 3" in gap.reason
-    assert decide(entry, Batch(0, 2, 1)).verdict is Verdict.OUT_OF_ORDER  # overlaps
+    assert gap.verdict is SequenceVerdict.OUT_OF_ORDER and "expected 3" in gap.reason
+    assert decide(entry, Batch(0, 2, 1)).verdict is SequenceVerdict.OUT_OF_ORDER  # overlaps
 
 
 def test_a_retry_of_any_of_the_last_five_batches_is_a_duplicate_with_its_offset():
@@ -46,33 +47,33 @@ def test_a_retry_of_any_of_the_last_five_batches_is_a_duplicate_with_its_offset(
     entry = entry_after(*batches)
     assert len(entry.batches) == BATCHES_KEPT
     for _epoch, first, count, base in batches[-BATCHES_KEPT:]:
-        assert decide(entry, Batch(0, first, count)) == Decision(Verdict.DUPLICATE,
+        assert decide(entry, Batch(0, first, count)) == Decision(SequenceVerdict.DUPLICATE,
                                                                  base_offset=base)
     # older than the last five: Kafka can no longer tell, and refuses it
-    assert decide(entry, Batch(0, 2, 2)).verdict is Verdict.OUT_OF_ORDER
+    assert decide(entry, Batch(0, 2, 2)).verdict is SequenceVerdict.OUT_OF_ORDER
     # the same first sequence with another length is not the same batch
-    assert decide(entry, Batch(0, 12, 1)).verdict is Verdict.OUT_OF_ORDER
+    assert decide(entry, Batch(0, 12, 1)).verdict is SequenceVerdict.OUT_OF_ORDER
 
 
 def test_sequences_wrap_after_int32_max():
     entry = entry_after((0, SEQUENCE_MAX - 1, 2, 50))  # ..., MAX - 1, MAX
     assert entry.last_sequence == SEQUENCE_MAX
-    assert decide(entry, Batch(0, 0, 4)).verdict is Verdict.APPEND
+    assert decide(entry, Batch(0, 0, 4)).verdict is SequenceVerdict.APPEND
     across = Batch(0, SEQUENCE_MAX, 3)  # MAX, 0, 1
     assert across.last_sequence == 1
     entry = entry_after((0, SEQUENCE_MAX, 3, 7))
-    assert decide(entry, Batch(0, 2, 1)).verdict is Verdict.APPEND
+    assert decide(entry, Batch(0, 2, 1)).verdict is SequenceVerdict.APPEND
     assert decide(entry, Batch(0, SEQUENCE_MAX, 3)).base_offset == 7
 
 
 def test_epochs_fence_older_and_restart_sequences_at_zero():
     entry = entry_after((3, 0, 5, 10))
     fenced = decide(entry, Batch(2, 5, 1))
-    assert fenced.verdict is Verdict.FENCED and "older" in fenced.reason
-    assert decide(entry, Batch(2, 0, 5)).verdict is Verdict.FENCED  # even its old batch
-    assert decide(entry, Batch(4, 5, 1)).verdict is Verdict.OUT_OF_ORDER
+    assert fenced.verdict is SequenceVerdict.FENCED and "older" in fenced.reason
+    assert decide(entry, Batch(2, 0, 5)).verdict is SequenceVerdict.FENCED  # even its old batch
+    assert decide(entry, Batch(4, 5, 1)).verdict is SequenceVerdict.OUT_OF_ORDER
     # the same sequence numbers in a new epoch are a new batch, not a duplicate
-    assert decide(entry, Batch(4, 0, 5)) == Decision(Verdict.APPEND)
+    assert decide(entry, Batch(4, 0, 5)) == Decision(SequenceVerdict.APPEND)
     bumped = appended(entry, Batch(4, 0, 5), 20)
     assert bumped == ProducerEntry(4, (BatchMeta(0, 4, 20),))
 
