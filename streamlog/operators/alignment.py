@@ -17,7 +17,9 @@ input is replayed with its output suppressed (already published) or regenerated,
 forgotten, and whether input that exactness needs is gone. When it is, the plan refuses
 (DataLossError naming the offsets) unless the user opted in to data loss, in which case
 it continues from the earliest retained input with a fresh state and never deletes
-published output. The runtime (runtime.py) carries the plan out.
+published output. `fitting_checkpoint` finds the newest checkpoint that fits the last
+note, and `report_plan` says what the plan does in the recovery report; the runtime
+(runtime.py) carries the plan out.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from ..errors import CorruptionError, DataLossError, StreamLogError
 from ..records import RecordKind
+from .recovery_report import recovery_log
 
 # A note's value: magic, version, input_next, origin (little-endian), then the input's
 # "stream/partition" in UTF-8.
@@ -92,6 +95,26 @@ def last_note(log, stream: str, partition: int) -> PositionNote | None:
                 return PositionNote.decode(value, base + row)
         offset = base - 1
     raise StreamLogError(f"no position note within {NOTE_SEARCH_BATCHES_MAX} batches")
+
+
+def fitting_checkpoint(store, note: PositionNote | None, input_key: str, output_key: str):
+    """The newest checkpoint in `store` (a CheckpointStore) that fits the output up to
+    the last note (None: no store, no note, or none fits)."""
+    if store is None or note is None:
+        return None
+    read_to, aligned = note.input_next, note.output_offset + 1
+    return store.latest(lambda c: _consistent(
+        c.input_offsets.get(input_key), c.output_offsets.get(output_key), read_to, aligned))
+
+
+def _consistent(ckpt_input: int | None, ckpt_output: int | None, read_to: int,
+                aligned: int) -> bool:
+    """A checkpoint fits the output when its offsets are not past the last note; one
+    taken after the note with no output since (a stretch of input that produced none)
+    fits too."""
+    if ckpt_input is None or ckpt_output is None:
+        return False
+    return ckpt_output <= aligned and (ckpt_input <= read_to or ckpt_output == aligned)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -202,3 +225,23 @@ def plan_recovery(facts: Facts) -> Plan:
     replay_from = live_from if f.stateless else f.input_start
     return Plan("data_loss", None, tail, replay_from, live_from, True, live_from, aligned_out,
                 replay_from, read_to, lost, (text,))
+
+
+def report_plan(plan: Plan, report, output_end: int) -> None:
+    """Put the plan into the report (a RecoveryReport) before anything is changed, so a
+    dry run reports it too; a plan that accepts data loss is also logged as a warning.
+    `output_end`: the output's end when recovery started."""
+    report.method = plan.method
+    report.replay_from_offset = plan.replay_from
+    report.replay_to_offset = plan.replay_to
+    report.read_by_crashed_run = plan.read_by_crashed_run
+    for text in plan.notes:
+        report.note(text)
+    if plan.lost is not None:
+        report.input_offsets_lost = plan.lost
+        recovery_log.warning("%s", plan.notes[-1])
+    if plan.checkpoint is not None:
+        report.checkpoint_sequence_id = plan.checkpoint.sequence_id
+        report.state_bytes_loaded = len(plan.checkpoint.state)
+    if plan.truncate_to is not None:
+        report.output_records_truncated = output_end - plan.truncate_to

@@ -33,6 +33,11 @@ Operator contract: `process_chunk` must be a deterministic function of the state
 the chunk, and output timestamps must come from the input (never the clock): that is
 what makes the recovered output identical to a failure-free run.
 
+Where the parts are: the values the runtime and an operator hand each other
+(operator_io.py: InputChunk, OutputBuffer, the Operator protocol); the position notes
+and the recovery plan (alignment.py); the durable holds (holds.py); taking checkpoints
+(checkpoint.py). This module is the loop and the order of things.
+
 Thread-safety: a runtime and its operator are driven by one thread; the checkpointer
 writes in the background (checkpoint.py).
 """
@@ -40,140 +45,27 @@ writes in the background (checkpoint.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
 import pyarrow as pa
-import xxhash
 
-from .alignment import NOTE_KEY, NOTE_KIND, Facts, Plan, last_note, note_value, plan_recovery
-from .checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
-                         CheckpointRequest, CheckpointStore)
 from ..errors import DataLossError, InvalidArgument, OffsetOutOfRange, StreamLogError
+from .alignment import (NOTE_KEY, NOTE_KIND, Facts, Plan, fitting_checkpoint, last_note,
+                        note_value, plan_recovery, report_plan)
+from .checkpoint import Checkpointer
+from .checkpoint_policy import CheckpointMode, CheckpointPolicy, CheckpointRequest
+from .checkpoint_store import CheckpointStore
+from .checkpoint_value import Checkpoint
+from .holds import Holds, default_hold_name
+from .operator_io import InputChunk, OutputBuffer, OutputTarget
 from .recovery_report import (DEFAULT_PROGRESS, LOAD, LOCATE, REPLAY, TRUNCATE, RecoveryReport,
                               default_progress, recovery_log)
-from ..records import RecordKind
 
 # Bounds (house style: a limit on everything).
 CHUNK_RECORDS_MAX = 1 << 16
 FOLLOW_IDLE_POLLS_MAX = 1 << 40  # effectively "until stopped", but still a bound
-HOLD_INTERVAL_S = 1.0  # how often the durable holds move forward (each is two fsyncs)
 NOTE_IDLE_RECORDS = 1 << 16  # a note is written after this much input without output
-
-
-class InputChunk:
-    """Consecutive data records of the input partition, as Python lists. `batch` is the
-    Arrow slice (columns partition, offset, timestamp, key, value) for vectorised
-    operators; `values` is only built if asked for."""
-
-    __slots__ = ("offsets", "timestamps_us", "keys", "batch", "_values")
-
-    def __init__(self, batch: pa.RecordBatch) -> None:
-        self.batch = batch
-        self.offsets: list[int] = batch.column(1).to_numpy().tolist()
-        self.timestamps_us: list[int] = batch.column(2).view(pa.int64()).to_numpy().tolist()
-        self.keys: list = batch.column(3).to_pylist()
-        self._values: list | None = None
-
-    @property
-    def values(self) -> list[bytes]:
-        if self._values is None:
-            self._values = self.batch.column(4).to_pylist()
-        return self._values
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-
-class OutputBuffer:
-    """Output records of the current chunk, appended together when it ends.
-
-    `next_offset` is the output offset the next emitted record will get (the operator
-    needs it for CEC's extent bookkeeping)."""
-
-    __slots__ = ("base_offset", "values", "keys", "timestamps_us", "kinds", "has_control",
-                 "checkpoint_requested", "checkpoint_policy", "_checkpoint_request")
-
-    def __init__(self, base_offset: int) -> None:
-        self.base_offset = base_offset
-        self.values: list[bytes] = []
-        self.keys: list = []
-        self.timestamps_us: list[int] = []
-        self.kinds: list[int] = []
-        self.has_control = False
-        self.checkpoint_requested = False
-        # Set by the runtime (SPL's getCheckpointingInterval); a lone buffer has none.
-        self.checkpoint_policy = CheckpointPolicy.disabled()
-        self._checkpoint_request: CheckpointRequest | None = None
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + len(self.values)
-
-    def emit(self, value: bytes, key: bytes | None, timestamp_us: int,
-             kind: int = RecordKind.DATA) -> None:
-        self.values.append(value)
-        self.keys.append(key)
-        self.timestamps_us.append(timestamp_us)
-        self.kinds.append(kind)
-        if kind:
-            self.has_control = True
-
-    def request_checkpoint(self) -> CheckpointRequest:
-        """Operator-driven checkpoint, taken when the current chunk ends (with the offsets
-        of that boundary); its serialisation and store write then run in the background.
-
-        Returns:
-            a handle, done once the checkpoint is durable (`done()`, `wait(timeout_s)`
-            -> the Checkpoint, `sequence_id` once the chunk has ended). Requests in one
-            chunk share one checkpoint and one handle. With checkpointing disabled it
-            completes at the chunk end and wait() returns None. Do not wait on it inside
-            this chunk: its snapshot is taken after process_chunk returns.
-        """
-        self.checkpoint_requested = True
-        if self._checkpoint_request is None:
-            self._checkpoint_request = CheckpointRequest()
-        return self._checkpoint_request
-
-    def take_checkpoint_request(self) -> CheckpointRequest | None:
-        """The runtime's side: the request of the chunk that ended (None: none), cleared."""
-        request = self._checkpoint_request
-        if request is None and self.checkpoint_requested:  # the flag set directly
-            request = CheckpointRequest()
-        self._checkpoint_request = None
-        self.checkpoint_requested = False
-        return request
-
-    @property
-    def checkpoint_interval_s(self) -> float:
-        """The periodic checkpoint interval in seconds; 0.0 unless the policy
-        (`checkpoint_policy`, set by the runtime) is periodic."""
-        return self.checkpoint_policy.interval_s
-
-    def reset(self, base_offset: int) -> None:
-        self.base_offset = base_offset
-        self.values, self.keys, self.timestamps_us, self.kinds = [], [], [], []
-        self.has_control = False
-
-
-class Operator(Protocol):
-    def process_chunk(self, chunk: InputChunk, out: OutputBuffer) -> None: ...
-
-    def checkpoint(self, ckpt: Checkpoint) -> None: ...
-
-    def reset(self, ckpt: Checkpoint) -> None: ...
-
-    def reset_to_initial_state(self) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OutputTarget:
-    """The output partition, as handed to an operator that recovers from its output."""
-
-    log: object
-    stream: str
-    partition: int
 
 
 @dataclasses.dataclass
@@ -184,24 +76,6 @@ class RunStats:
     chunks: int = 0
     checkpoints_requested: int = 0
     input_records_lost: int = 0  # skipped with fail_on_data_loss=False
-
-
-def default_hold_name(output_log, stream: str, partition: int) -> str:
-    """operator.STREAM.P.DIGEST: the output names the operator (one writer per output
-    partition); the digest of the output log's location keeps two jobs that write
-    streams of the same name in different logs apart."""
-    where = getattr(output_log, "url", None) or os.path.abspath(str(output_log.path))
-    return f"operator.{stream}.{partition}.{xxhash.xxh32_hexdigest(where.encode())}"
-
-
-def _consistent(ckpt_input: int | None, ckpt_output: int | None, read_to: int,
-                aligned: int) -> bool:
-    """A checkpoint fits the output when its offsets are not past the last note; one
-    taken after the note with no output since (a stretch of input that produced none)
-    fits too."""
-    if ckpt_input is None or ckpt_output is None:
-        return False
-    return ckpt_output <= aligned and (ckpt_input <= read_to or ckpt_output == aligned)
 
 
 class OperatorRuntime:
@@ -272,6 +146,10 @@ class OperatorRuntime:
         self.hold_name = hold_name or default_hold_name(output_log, output_stream,
                                                          output_partition)
         self.hold_input = hold_input
+        self.holds = Holds(input_log=input_log, input_stream=input_stream,
+                           input_partition=input_partition, output_log=output_log,
+                           output_stream=output_stream, output_partition=output_partition,
+                           name=self.hold_name, clock=clock)
         self.clock = clock
         self.stats = RunStats()
         self.report: RecoveryReport | None = None
@@ -283,8 +161,6 @@ class OperatorRuntime:
         self._quiet = False  # replaying input whose output is published already
         self._replay_until: int | None = None
         self._recovered = False
-        self._held: tuple[int | None, int | None] = (None, None)
-        self._hold_due = 0.0
         self._noted_input = 0  # input_next of the last position note written
         self._noted_once = False  # a note was written by this run or found by recovery
         self._last_input_us = 0
@@ -345,7 +221,8 @@ class OperatorRuntime:
         report.finish()
 
     def _recover_from_output(self, report: RecoveryReport, dry_run: bool) -> None:
-        """CEC: the operator rebuilds its state from the output (cec.py)."""
+        """CEC: the operator rebuilds its state from the output (aggregate.py,
+        windows.py)."""
         report.method = "cec"
         target = OutputTarget(self.output_log, self.output_stream, self.output_partition)
         options = {"fail_on_data_loss": self.fail_on_data_loss, "source": self.input_key}
@@ -368,12 +245,7 @@ class OperatorRuntime:
         in_start = self._input_start()
         with report.phase(LOCATE):
             note = last_note(self.output_log, self.output_stream, self.output_partition)
-            ckpt = None
-            if self.store is not None and note is not None:
-                read_to, aligned = note.input_next, note.output_offset + 1
-                ckpt = self.store.latest(lambda c: _consistent(
-                    c.input_offsets.get(self.input_key), c.output_offsets.get(self.output_key),
-                    read_to, aligned))
+            ckpt = fitting_checkpoint(self.store, note, self.input_key, self.output_key)
             facts = Facts(
                 self.input_key, in_start, self._input_end(), out_start, out_end, note, ckpt,
                 None if ckpt is None else ckpt.input_offsets[self.input_key],
@@ -386,20 +258,7 @@ class OperatorRuntime:
                 recovery_log.error("%s", error)
                 raise
         self.plan = plan
-        report.method = plan.method
-        report.replay_from_offset = plan.replay_from
-        report.replay_to_offset = plan.replay_to
-        report.read_by_crashed_run = plan.read_by_crashed_run
-        for text in plan.notes:
-            report.note(text)
-        if plan.lost is not None:
-            report.input_offsets_lost = plan.lost
-            recovery_log.warning("%s", plan.notes[-1])
-        if plan.checkpoint is not None:
-            report.checkpoint_sequence_id = plan.checkpoint.sequence_id
-            report.state_bytes_loaded = len(plan.checkpoint.state)
-        if plan.truncate_to is not None:
-            report.output_records_truncated = out_end - plan.truncate_to
+        report_plan(plan, report, out_end)
         if dry_run:
             return
         with report.phase(TRUNCATE):
@@ -445,31 +304,12 @@ class OperatorRuntime:
         return self.origin, None
 
     def _update_holds(self, *, force: bool = False) -> None:
-        if not self.hold_input:
-            return
-        now = self.clock()
-        if not force and now < self._hold_due:
-            return
-        self._hold_due = now + HOLD_INTERVAL_S
-        need_in, need_out = self.required_positions()
-        held_in, held_out = self._held
-        # (a log through a daemon holds too: hold is part of the API, api.LogAPI)
-        if need_in is not None and need_in != held_in:
-            self.input_log.hold(self.input_stream, self.input_partition, self.hold_name,
-                                need_in)
-        if need_out is not None and need_out != held_out:
-            self.output_log.hold(self.output_stream, self.output_partition, self.hold_name,
-                                 need_out)
-        self._held = (need_in, need_out)
+        if self.hold_input:
+            self.holds.update(self.required_positions, force=force)
 
     def release_holds(self) -> None:
         """Drop this operator's durable holds (it is retired: nothing will recover it)."""
-        for log_, stream, partition in ((self.input_log, self.input_stream,
-                                         self.input_partition),
-                                        (self.output_log, self.output_stream,
-                                         self.output_partition)):
-            log_.release_hold(stream, partition, self.hold_name)
-        self._held = (None, None)
+        self.holds.release()
         self.hold_input = False
 
     def _check_output_partition(self) -> None:
@@ -689,7 +529,7 @@ class OperatorRuntime:
 
         Raises:
             StreamLogError: it (or an earlier one) failed, or was not durable within
-                checkpoint.CLOSE_WAIT_S_MAX.
+                checkpoint_policy.CLOSE_WAIT_S_MAX.
         """
         return self.request_checkpoint().wait()
 

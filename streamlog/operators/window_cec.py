@@ -1,5 +1,6 @@
-"""The window operator's output records, and the backward walk that rebuilds its eventual
-checkpoint from them (DESIGN 8; windows.py runs the operator).
+"""The window operator's output records, the typed reader of its results, and the
+backward walk that rebuilds its eventual checkpoint from them, with the recovery plan
+built on it (DESIGN 8; windows.py runs the operator and carries the plan out).
 
 Strategy: every record the window operator writes, a result `R` (DATA) or a footprint
 (`G_OPEN`, `G_CHECK`, control kinds that data readers never see), starts with one fixed
@@ -45,20 +46,24 @@ footprint (a complete eventual checkpoint), after the cut (nothing open), at the
 forgotten offset x (the output held only x's records: x was the first record the
 operator processed, since every first record writes a G_OPEN or an R), or at input
 offset 0 with the units rebuilt by a full replay (output retention removed footprints).
-Input that this needs below the input's start (removed by retention) is `lost`.
+Input that this needs below the input's start (removed by retention) is `lost`;
+`accept_data_loss` refuses it (DataLossError) or, when the user opted in, says what is
+lost and goes on.
 
-Thread-safety: pure functions over a log the caller owns.
+Thread-safety: functions over a log and a report the caller owns, on its thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import struct
-from typing import NamedTuple
+from typing import Any, Iterator, NamedTuple
 
-from ..errors import CorruptionError, StreamLogError
+from ..errors import CorruptionError, DataLossError, StreamLogError
 from ..records import RecordKind
-from .cec import iter_batches_backwards
+from .codec import DEFAULT_CODEC, StateCodec
+from .read_backwards import iter_batches_backwards
 from .recovery_report import RecoveryReport
 
 HEADER = struct.Struct("<2sBBqqqqqqq")
@@ -71,6 +76,7 @@ _FLAGS_KNOWN = FLAG_FINAL | FLAG_RAW
 NO_HWM = -(1 << 63)
 DATA, G_OPEN, G_CHECK = int(RecordKind.DATA), int(RecordKind.G_OPEN), int(RecordKind.G_CHECK)
 UNIT_KINDS = frozenset((DATA, G_OPEN, G_CHECK))
+operators_log = logging.getLogger("streamlog.operators")
 
 
 class OutputHeader(NamedTuple):
@@ -110,6 +116,43 @@ def decode_output(value: bytes, offset: int) -> tuple[OutputHeader, bytes]:
         raise CorruptionError(f"output offset {offset}: impossible window record header "
                               f"{header}")
     return header, bytes(value[HEADER.size:])
+
+
+class WindowResult(NamedTuple):
+    """One result (`read_window_results`). `value`: what `close` returned (bytes as
+    they were, anything else decoded by the codec); `count`: records in the window;
+    `offset`, `timestamp_us`: the output record's; `input_offset`: the input record
+    whose processing closed the window."""
+
+    key: bytes
+    window_start: int
+    window_end: int
+    count: int
+    value: Any
+    offset: int
+    timestamp_us: int
+    input_offset: int
+
+
+def read_window_results(log, stream: str, partition: int = 0, *,
+                        from_offset: int | None = None, to_offset: int | None = None,
+                        codec: StateCodec = DEFAULT_CODEC) -> Iterator[WindowResult]:
+    """The results a WindowedOperator wrote to (stream, partition), in order; footprints
+    and other control records are skipped.
+
+    Raises:
+        CorruptionError: a data record that is not a window result.
+    """
+    reader = log.reader(stream, partition, from_offset=from_offset, to_offset=to_offset)
+    try:
+        for record in reader:
+            header, payload = decode_output(record.value, record.offset)
+            value = payload if header.flags & FLAG_RAW else codec.decode(payload)
+            yield WindowResult(b"" if record.key is None else record.key, header.window_start,
+                               header.window_end, header.count, value, record.offset,
+                               record.timestamp_us, header.in_offset)
+    finally:
+        reader.close()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -293,3 +336,34 @@ def plan_recovery(found: EventualCheckpoint, input_start: int, output: str) -> R
         plan.lost, plan.why = (needed, input_start - 1), why
         plan.start = input_start
     return plan
+
+
+def report_plan(found: EventualCheckpoint, plan: RecoveryPlan, report: RecoveryReport) -> None:
+    """Put what the walk found and what the plan does into the report (before anything
+    is changed, so a dry run reports it too)."""
+    report.windows_loaded = len(found.footprints) if plan.loads else 0
+    # The first input offset whose output is not in the log (runtime: replay to it).
+    report.cut_input_offset = None if found.cut is None else found.cut + 1
+    report.output_records_truncated = found.end_offset - found.cut_output
+    for text in plan.notes:
+        report.note(text)
+
+
+def accept_data_loss(plan: RecoveryPlan, source: str, fail: bool,
+                     report: RecoveryReport) -> None:
+    """The plan needs input offsets that are gone (`plan.lost`): raise DataLossError
+    (`fail`, the default of recover_from_output), or log and note what is lost.
+
+    Raises:
+        DataLossError: `fail` is True.
+    """
+    first, last = plan.lost
+    error = DataLossError(source, first, last, plan.why)
+    if fail:
+        report.note(str(error))
+        raise error
+    text = (f"data loss accepted (fail_on_data_loss=False): {plan.why}; input {source} "
+            f"offsets {first}..{last} are gone: continuing from {plan.start}")
+    operators_log.warning("%s", text)
+    report.note(text)
+    report.input_offsets_lost = (first, last)

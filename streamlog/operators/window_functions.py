@@ -6,7 +6,32 @@ Strategy: plain, frozen values checked when built, so a bad argument fails where
 written, with InvalidArgument, not deep inside a running operator. A window function's
 state is any value its codec can serialise (MessagePack by default: numbers, strings,
 bytes, lists, tuples, dicts); `absorb` may change the state in place and return it.
-The definitions of the windows are in windows.py's docstring.
+
+Window assignment (sizes in records for by="count", in microseconds of event time for
+by="time"; time windows are aligned to the epoch, as Azure's):
+
+- `Tumbling(size)`: by count, a key's records 0..size-1, size..2*size-1, ...; by time,
+  [k*size, (k+1)*size).
+- `Hopping(size=, hop=)`: windows of `size` that start every `hop` (1 <= hop <= size),
+  so a record belongs to about size/hop windows. By count, a key's window j holds its
+  records j*hop .. j*hop+size-1 (only whole windows are emitted); by time,
+  [k*hop, k*hop+size).
+- `Sliding(size)`: output only when a window's content changes (an event enters or
+  leaves), every window holding at least one event. By count, every record of a key
+  enters its window (and, once it is full, pushes the oldest out), so each record emits
+  the window of the key's last min(n, size) records. By time, a key's change points are
+  each accepted event's timestamp t (it enters) and t + size (it leaves); the window at
+  change point T holds the key's events with T - size < timestamp <= T, reported as
+  [T - size + 1, T + 1), and is emitted, when not empty, once the high-water mark
+  passes T.
+
+Time: the high-water mark is the running max input timestamp (DESIGN 5). A time window
+[start, end) closes when the high-water mark reaches `end`; a record whose window has
+closed is late for it. Tumbling and hopping: a record is dropped from the windows that
+have closed and absorbed by the others; one that fits none is dropped and counted
+(`stats.late_records`). Sliding by time: an event is late (dropped, counted) when
+timestamp + size <= high-water mark; an older event that is not late is absorbed by the
+change points still open, and its own entry point, already passed, is not emitted.
 
 Thread-safety: every object here is immutable or stateless; share them freely.
 """

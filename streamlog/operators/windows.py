@@ -9,35 +9,13 @@ default, `codec=` replaces it); the operator decides which windows a record belo
 when they close, and how they are saved and recovered. Records are grouped by key (a
 record without a key is under b"").
 
-Window assignment (sizes in records for by="count", in microseconds of event time for
-by="time"; time windows are aligned to the epoch, as Azure's):
-
-- `Tumbling(size)`: by count, a key's records 0..size-1, size..2*size-1, ...; by time,
-  [k*size, (k+1)*size).
-- `Hopping(size=, hop=)`: windows of `size` that start every `hop` (1 <= hop <= size),
-  so a record belongs to about size/hop windows. By count, a key's window j holds its
-  records j*hop .. j*hop+size-1 (only whole windows are emitted); by time,
-  [k*hop, k*hop+size).
-- `Sliding(size)`: output only when a window's content changes (an event enters or
-  leaves), every window holding at least one event. By count, every record of a key
-  enters its window (and, once it is full, pushes the oldest out), so each record emits
-  the window of the key's last min(n, size) records. By time, a key's change points are
-  each accepted event's timestamp t (it enters) and t + size (it leaves); the window at
-  change point T holds the key's events with T - size < timestamp <= T, reported as
-  [T - size + 1, T + 1), and is emitted, when not empty, once the high-water mark
-  passes T.
-
-Time: the high-water mark is the running max input timestamp (DESIGN 5). A time window
-[start, end) closes when the high-water mark reaches `end`; a record whose window has
-closed is late for it. Tumbling and hopping: a record is dropped from the windows that
-have closed and absorbed by the others; one that fits none is dropped and counted
-(`stats.late_records`). Sliding by time: an event is late (dropped, counted) when
-timestamp + size <= high-water mark; an older event that is not late is absorbed by the
-change points still open, and its own entry point, already passed, is not emitted.
+The windows themselves (which records a Tumbling, Hopping or Sliding window holds, and
+when the high-water mark, the running max input timestamp, closes it or makes a record
+late) are defined in window_functions.py's docstring, beside the assigners.
 
 Results: one DATA record per window emitted: key = group key, timestamp = the timestamp
-of the input record being processed, value = the window_cec header + the result
-(`read_window_results` decodes them, nobody needs to). A count window's bounds are
+of the input record being processed, value = the window_cec.py header + the result
+(`read_window_results` there decodes them, nobody needs to). A count window's bounds are
 input offsets: [first record's offset, last record's offset + 1). Windows still open
 when the input ends have written nothing (a time window waits for the high-water mark,
 a count window for its last record). The records of one input record come in a fixed
@@ -46,14 +24,12 @@ sliding change points in (point, key) order), then for its own key the G_OPENs o
 it opens, then the R's of what it fills; so the output is a function of the input.
 
 Checkpointing: the state is split into *units*, one per open (key, window) for tumbling
-and hopping (the user's state), one per key for sliding (the key's buffer of events not
-yet expired, since a sliding window's content is only known when it is emitted; its
-result is the function folded over the buffer). With CEC (`cec=CECPolicy(...)`) a unit
+and hopping, one per key for sliding; this operator's base, `WindowState`
+(window_state.py), holds them and saves them. With CEC (`cec=CECPolicy(...)`) a unit
 writes `G_OPEN` when it opens and `G_CHECK` when it has the oldest footprint while the
-extent q > Q or the replay u > U, within the CI/CP budget (cec.py's policy), each with
-its encoded state, the input offset, N and the high-water mark; a unit closes with a
-FINAL R (tumbling, hopping) or a FINAL G_CHECK with no state (a sliding unit's
-tombstone). A sliding unit by count never closes: N counts every key seen.
+extent q > Q or the replay u > U, within the CI/CP budget (cec_policy.py), each with its
+encoded state, the input offset, N and the high-water mark; a unit closes with a FINAL R
+(tumbling, hopping) or a FINAL G_CHECK with no state (a sliding unit's tombstone). A sliding unit by count never closes: N counts every key seen.
 `recover_from_output` rebuilds the eventual checkpoint backwards (window_cec.py), loads
 it and replays the input from the oldest footprint's input offset + 1; up to the cut a
 record is absorbed only by loaded units that have not absorbed it, nothing opens, and no
@@ -73,71 +49,28 @@ import bisect
 import collections
 import dataclasses
 import heapq
-import logging
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable
 
-from ..errors import CorruptionError, DataLossError, InvalidArgument, StreamLogError
-from .cec import CECPolicy
+from ..errors import InvalidArgument
+from .cec_policy import CECPolicy, units_due_for_gcheck
 from .codec import DEFAULT_CODEC, StateCodec
 from .recovery_report import LOAD, RECONSTRUCT, TRUNCATE, RecoveryReport
-from .window_cec import (DATA, FLAG_FINAL, FLAG_RAW, G_CHECK, G_OPEN, NO_HWM,
-                         EventualCheckpoint, OutputHeader, RecoveryPlan, decode_output,
-                         encode_output, plan_recovery, reconstruct)
+from .window_cec import (DATA, FLAG_FINAL, FLAG_RAW, G_CHECK, G_OPEN, EventualCheckpoint,
+                         OutputHeader, RecoveryPlan, WindowResult, accept_data_loss,
+                         encode_output, plan_recovery, read_window_results, reconstruct,
+                         report_plan)
 from .window_functions import (SLIDING_EVENTS_MAX, SLIDING_RECORDS_MAX,
                                WINDOWS_PER_RECORD_MAX, CollectOffsets, CountRecords, Hopping,
                                Sliding, SumInt64, TopN, Tumbling, Window, WindowFunction,
                                WindowInput)
+from .window_state import Buffer, Unit, WindowState
 
 __all__ = ["CollectOffsets", "CountRecords", "Hopping", "SLIDING_EVENTS_MAX",
            "SLIDING_RECORDS_MAX", "Sliding", "SumInt64", "TopN", "Tumbling",
            "WINDOWS_PER_RECORD_MAX", "Window", "WindowFunction", "WindowInput", "WindowResult",
            "WindowStats", "WindowedOperator", "read_window_results"]
 
-operators_log = logging.getLogger("streamlog.operators")
-
-CLOCK_CHECK_EVERY = 64  # G_CHECKs between clock reads in the CI budget loop
-_CHECKPOINT_MAGIC = b"SWC1"
-
-
-class WindowResult(NamedTuple):
-    """One result (`read_window_results`). `value`: what `close` returned (bytes as
-    they were, anything else decoded by the codec); `count`: records in the window;
-    `offset`, `timestamp_us`: the output record's; `input_offset`: the input record
-    whose processing closed the window."""
-
-    key: bytes
-    window_start: int
-    window_end: int
-    count: int
-    value: Any
-    offset: int
-    timestamp_us: int
-    input_offset: int
-
-
-def read_window_results(log, stream: str, partition: int = 0, *,
-                        from_offset: int | None = None, to_offset: int | None = None,
-                        codec: StateCodec = DEFAULT_CODEC) -> Iterator[WindowResult]:
-    """The results a WindowedOperator wrote to (stream, partition), in order; footprints
-    and other control records are skipped.
-
-    Raises:
-        CorruptionError: a data record that is not a window result.
-    """
-    reader = log.reader(stream, partition, from_offset=from_offset, to_offset=to_offset)
-    try:
-        for record in reader:
-            header, payload = decode_output(record.value, record.offset)
-            value = payload if header.flags & FLAG_RAW else codec.decode(payload)
-            yield WindowResult(b"" if record.key is None else record.key, header.window_start,
-                               header.window_end, header.count, value, record.offset,
-                               record.timestamp_us, header.in_offset)
-    finally:
-        reader.close()
-
-
-# -- the operator's state ------------------------------------------------------------------
 
 @dataclasses.dataclass
 class WindowStats:
@@ -149,31 +82,6 @@ class WindowStats:
     late_window_drops: int = 0  # (record, time window) pairs dropped: that window had closed
 
 
-class _Unit:
-    """One open unit (module docstring). start / end: the window's bounds (time), the
-    first and last + 1 input offsets (count), the buffer's (sliding). fp_in / fp_out:
-    input and output offsets of its newest footprint (CEC)."""
-
-    __slots__ = ("key", "unit_id", "start", "end", "count", "state", "fp_in", "fp_out")
-
-    def __init__(self, key: bytes, unit_id: int, start: int, end: int, state: Any) -> None:
-        self.key, self.unit_id, self.start, self.end = key, unit_id, start, end
-        self.count = 0
-        self.state = state
-        self.fp_in, self.fp_out = -1, -1
-
-
-class _Buffer:
-    """A sliding unit's state: events (offset, timestamp_us, value) in input order, and
-    by time the change points not emitted yet."""
-
-    __slots__ = ("events", "pending")
-
-    def __init__(self, events, pending: set[int]) -> None:
-        self.events = events
-        self.pending = pending
-
-
 class _Discard:
     """An output buffer whose records are dropped (a full replay up to the cut)."""
 
@@ -183,9 +91,7 @@ class _Discard:
         pass
 
 
-# -- the operator --------------------------------------------------------------------------
-
-class WindowedOperator:
+class WindowedOperator(WindowState):
     """A window function over tumbling, hopping or sliding windows, for OperatorRuntime.
 
     Args:
@@ -215,43 +121,27 @@ class WindowedOperator:
                 raise InvalidArgument(f"codec needs a callable {name}() (StateCodec)")
         if cec is not None and not isinstance(cec, CECPolicy):
             raise InvalidArgument(f"cec must be a CECPolicy or None (got {cec!r})")
-        self.assigner, self.function, self.cec, self.codec = assigner, function, cec, codec
-        self.clock = clock
-        self.size, self.hop = assigner.size, assigner.hop
-        self.by_time = assigner.by == "time"
-        self.sliding = isinstance(assigner, Sliding)
+        self.cec, self.clock = cec, clock
         self.input_source: str | None = None  # "stream/partition", for DataLossError
         self.stats = WindowStats()
+        super().__init__(assigner, function, codec)
         self._absorb, self._expire = {
             (False, False): (self._absorb_count, None),
             (False, True): (self._absorb_time, self._expire_windows),
             (True, False): (self._absorb_sliding_count, None),
             (True, True): (self._absorb_sliding_time, self._expire_changes),
         }[(self.sliding, self.by_time)]
-        self.reset_to_initial_state()
 
     @property
     def recovers_from_output(self) -> bool:
         return self.cec is not None
 
     def reset_to_initial_state(self) -> None:
-        # With CEC, `units` is kept in footprint order, oldest first: the G_CHECK
-        # candidates come first, and the same dict serves the lookups.
-        self.units: collections.OrderedDict[tuple[bytes, int], _Unit] = (
-            collections.OrderedDict())
-        self.by_key: dict[bytes, dict[int, _Unit]] = {}  # each key's units, oldest first
-        # By time: (end, key, unit_id) of open windows, or (change point, key, unit_id).
-        self.heap: list[tuple[int, bytes, int]] = []
-        self.hwm = NO_HWM
-        self.last_offset = -1  # the input offset processed last (t_now)
-        self.last_ts = NO_HWM
+        super().reset_to_initial_state()
         self._quiet_through: int | None = None  # records <= it: output is in the log
         self._full_replay = False  # the quiet replay runs without an eventual checkpoint
         self._anchor_due = False  # after a full replay: G_CHECK every unit first
         self._out_next = 0  # the output end at the last background pass
-
-    def open_units(self) -> int:
-        return len(self.units)
 
     def extent_records(self) -> int:
         """CEC: output records from the oldest footprint to the output end (q), as of
@@ -390,7 +280,7 @@ class WindowedOperator:
         if opened:
             events = collections.deque(maxlen=self.size)
             unit = self._register(record.key, record.offset, record.offset, record.offset,
-                                  _Buffer(events, set()))
+                                  Buffer(events, set()))
         events = unit.state.events
         events.append((record.offset, record.timestamp_us, record.value))
         unit.start, unit.end, unit.count = events[0][0], record.offset + 1, len(events)
@@ -417,7 +307,7 @@ class WindowedOperator:
         opened = unit is None
         if opened:
             unit = self._register(record.key, record.offset, record.offset, record.offset,
-                                  _Buffer([], set()))
+                                  Buffer([], set()))
         buffer = unit.state
         if len(buffer.events) >= SLIDING_EVENTS_MAX:
             raise InvalidArgument(f"input offset {record.offset}: the sliding window of key "
@@ -464,27 +354,7 @@ class WindowedOperator:
 
     # -- units, results and footprints -----------------------------------------------------
 
-    def _register(self, key: bytes, unit_id: int, start: int, end: int, state) -> _Unit:
-        unit = _Unit(key, unit_id, start, end, state)
-        assert (key, unit_id) not in self.units, "a unit identity is never reused"
-        self.units[(key, unit_id)] = unit
-        self.by_key.setdefault(key, {})[unit_id] = unit
-        return unit
-
-    def _unregister(self, unit: _Unit) -> None:
-        del self.units[(unit.key, unit.unit_id)]
-        mine = self.by_key[unit.key]
-        del mine[unit.unit_id]
-        if not mine:
-            del self.by_key[unit.key]
-
-    def _absorb_into(self, unit: _Unit, record: WindowInput) -> None:
-        unit.state = self.function.absorb(unit.state, record)
-        unit.count += 1
-        if not self.by_time:
-            unit.end = record.offset + 1
-
-    def _close(self, unit: _Unit, record: WindowInput, out) -> None:
+    def _close(self, unit: Unit, record: WindowInput, out) -> None:
         """Tumbling and hopping: the window is done; its R closes the unit."""
         self._unregister(unit)
         window = Window(unit.start, unit.end)
@@ -498,7 +368,7 @@ class WindowedOperator:
             state = self.function.absorb(state, WindowInput(offset, ts, key, value))
         return self.function.close(state, key, window)
 
-    def _emit_result(self, out, unit: _Unit, window: Window, value, count: int,
+    def _emit_result(self, out, unit: Unit, window: Window, value, count: int,
                      record: WindowInput, *, final: bool) -> None:
         flags = FLAG_FINAL if final else 0
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -510,7 +380,7 @@ class WindowedOperator:
         out.emit(encode_output(header, payload), unit.key, record.timestamp_us, DATA)
         self.stats.results += 1
 
-    def _footprint(self, out, kind: int, unit: _Unit, record: WindowInput) -> None:
+    def _footprint(self, out, kind: int, unit: Unit, record: WindowInput) -> None:
         """G_OPEN or G_CHECK: the unit's state after `record` (DESIGN 8)."""
         self._emit(out, kind, 0, unit, record, self._encode_unit(unit))
         unit.fp_in, unit.fp_out = record.offset, out.next_offset - 1
@@ -519,54 +389,16 @@ class WindowedOperator:
         else:
             self.stats.g_check += 1
 
-    def _emit(self, out, kind: int, flags: int, unit: _Unit, record: WindowInput,
+    def _emit(self, out, kind: int, flags: int, unit: Unit, record: WindowInput,
               payload: bytes) -> None:
         header = OutputHeader(flags, record.offset, len(self.units), self.hwm, unit.unit_id,
                               unit.start, unit.end, unit.count)
         out.emit(encode_output(header, payload), unit.key, record.timestamp_us, kind)
 
-    def _encode(self, value, what: str) -> bytes:
-        try:
-            data = self.codec.encode(value)
-        except StreamLogError:
-            raise
-        except Exception as error:  # a user's codec: say which value it refused
-            raise InvalidArgument(f"the codec cannot encode {what}: {error}") from error
-        if not isinstance(data, (bytes, bytearray)):
-            raise InvalidArgument(f"codec.encode returned a {type(data).__name__}, not bytes")
-        return bytes(data)
-
-    def _encode_unit(self, unit: _Unit) -> bytes:
-        if self.sliding:  # the operator's own structure: always the default codec
-            events = [[offset, ts, value] for offset, ts, value in unit.state.events]
-            return DEFAULT_CODEC.encode([events, sorted(unit.state.pending)])
-        return self._encode(unit.state, f"the state of window {unit.start} of key {unit.key!r}")
-
-    def _decode_unit(self, payload: bytes, where: str):
-        if not self.sliding:
-            try:
-                return self.codec.decode(payload)
-            except StreamLogError:
-                raise
-            except Exception as error:
-                raise CorruptionError(f"{where}: the codec cannot decode a window state: "
-                                      f"{error}") from error
-        body = DEFAULT_CODEC.decode(payload)
-        try:
-            events, pending = body
-            events = [(int(o), int(t), bytes(v)) for o, t, v in events]
-            pending = {int(change) for change in pending}
-        except (TypeError, ValueError):
-            raise CorruptionError(f"{where}: not a sliding window buffer") from None
-        if not self.by_time:
-            return _Buffer(collections.deque(events, maxlen=self.size), set())
-        return _Buffer(events, pending)
-
     # -- the background path: G_CHECK ------------------------------------------------------
 
     def _checks_enabled(self) -> bool:
-        return self.cec is not None and (self.cec.q_target is not None or
-                                         self.cec.u_target is not None)
+        return self.cec is not None and self.cec.writes_gchecks
 
     def after_chunk(self, out) -> None:
         self._out_next = out.next_offset
@@ -580,20 +412,12 @@ class WindowedOperator:
 
     def _emit_gchecks(self, out, deadline: float | None) -> None:
         """G_CHECK the units with the oldest footprint while q > Q or u > U."""
-        q_target, u_target = self.cec.q_target, self.cec.u_target
         now = WindowInput(self.last_offset, self.last_ts, b"", b"")
-        for emitted in range(min(len(self.units), self.cec.gchecks_per_chunk_max)):
-            identity, unit = next(iter(self.units.items()))
-            q = out.next_offset - unit.fp_out
-            u = self.last_offset - unit.fp_in
-            if not ((q_target is not None and q > q_target) or (
-                    u_target is not None and u > u_target)):
-                return
+        for identity, unit in units_due_for_gcheck(
+                self.cec, self.units, out, last_offset=self.last_offset,
+                q_target=self.cec.q_target, clock=self.clock, deadline=deadline):
             self._footprint(out, G_CHECK, unit, now)
             self.units.move_to_end(identity)
-            if deadline is not None and emitted % CLOCK_CHECK_EVERY == CLOCK_CHECK_EVERY - 1 and (
-                    self.clock() >= deadline):
-                return
 
     def _emit_anchor(self, out) -> None:
         """After a full replay the units' footprints are unknown: G_CHECK them all, so
@@ -603,52 +427,6 @@ class WindowedOperator:
         for identity, unit in list(self.units.items()):
             self._footprint(out, G_CHECK, unit, now)
             self.units.move_to_end(identity)
-
-    # -- CRB: checkpoint and reset ---------------------------------------------------------
-
-    def checkpoint(self, ckpt) -> None:
-        """Every open unit (its state through the codec), the high-water mark and the
-        last offset."""
-        units = [[u.key, u.unit_id, u.start, u.end, u.count, self._encode_unit(u)]
-                 for u in self.units.values()]
-        ckpt.state = _CHECKPOINT_MAGIC + DEFAULT_CODEC.encode(
-            [self.hwm, self.last_offset, self.last_ts, units])
-
-    def reset(self, ckpt) -> None:
-        """Raises CorruptionError for a state this operator did not write."""
-        data = bytes(ckpt.state)
-        if not data.startswith(_CHECKPOINT_MAGIC):
-            raise CorruptionError("not a window operator checkpoint")
-        body = DEFAULT_CODEC.decode(data[len(_CHECKPOINT_MAGIC):])
-        try:
-            hwm, last_offset, last_ts, units = body
-            rows = [(bytes(k), int(i), int(s), int(e), int(c), bytes(p))
-                    for k, i, s, e, c, p in units]
-        except (TypeError, ValueError):
-            raise CorruptionError("window operator checkpoint has the wrong shape") from None
-        self.reset_to_initial_state()
-        self.hwm, self.last_offset, self.last_ts = int(hwm), int(last_offset), int(last_ts)
-        for key, unit_id, start, end, count, payload in rows:
-            self._load_unit(key, unit_id, start, end, count, payload, "checkpoint")
-        heapq.heapify(self.heap)
-
-    def _load_unit(self, key: bytes, unit_id: int, start: int, end: int, count: int,
-                   payload: bytes, where: str) -> _Unit:
-        state = self._decode_unit(payload, where)
-        if not self.sliding and self.by_time and end - start != self.size:
-            raise CorruptionError(f"{where}: window [{start}, {end}) is not {self.size} long")
-        if not self.sliding and not self.by_time and not 0 < count < self.size:
-            raise CorruptionError(f"{where}: an open window of {count} records (size "
-                                  f"{self.size})")
-        if (key, unit_id) in self.units:
-            raise CorruptionError(f"{where}: window {unit_id} of key {key!r} twice")
-        unit = self._register(key, unit_id, start, end, state)
-        unit.count = count
-        if self.by_time and not self.sliding:
-            self.heap.append((end, key, unit_id))
-        elif self.by_time:
-            self.heap.extend((change, key, unit_id) for change in state.pending)
-        return unit
 
     # -- CEC recovery: rebuild the eventual checkpoint from the output ---------------------
 
@@ -672,12 +450,7 @@ class WindowedOperator:
         with report.phase(RECONSTRUCT):
             found = reconstruct(target.log, target.stream, target.partition, report)
         plan = plan_recovery(found, input_start, f"{target.stream}/{target.partition}")
-        report.windows_loaded = len(found.footprints) if plan.loads else 0
-        # The first input offset whose output is not in the log (runtime: replay to it).
-        report.cut_input_offset = None if found.cut is None else found.cut + 1
-        report.output_records_truncated = found.end_offset - found.cut_output
-        for text in plan.notes:
-            report.note(text)
+        report_plan(found, plan, report)
         if dry_run:  # report what would happen, change nothing
             if plan.lost is not None:
                 report.input_offsets_lost = plan.lost
@@ -685,7 +458,7 @@ class WindowedOperator:
                             f"{plan.lost[1]}, which are gone: {plan.why}")
             return plan.start
         if plan.lost is not None:  # decided before anything is truncated
-            self._accept_data_loss(plan, source, fail_on_data_loss, report)
+            accept_data_loss(plan, source, fail_on_data_loss, report)
         with report.phase(TRUNCATE):
             if found.cut_output < found.end_offset:
                 target.log.truncate_after(target.stream, target.partition, found.cut_output - 1)
@@ -693,30 +466,10 @@ class WindowedOperator:
             self._load(found, plan, report)
         return plan.start
 
-    def _accept_data_loss(self, plan: RecoveryPlan, source: str, fail: bool,
-                          report: RecoveryReport) -> None:
-        first, last = plan.lost
-        error = DataLossError(source, first, last, plan.why)
-        if fail:
-            report.note(str(error))
-            raise error
-        text = (f"data loss accepted (fail_on_data_loss=False): {plan.why}; input {source} "
-                f"offsets {first}..{last} are gone: continuing from {plan.start}")
-        operators_log.warning("%s", text)
-        report.note(text)
-        report.input_offsets_lost = (first, last)
-
     def _load(self, found: EventualCheckpoint, plan: RecoveryPlan,
               report: RecoveryReport) -> None:
         if plan.loads:
-            for footprint in sorted(found.footprints, key=lambda f: f.output_offset):
-                h = footprint.header
-                unit = self._load_unit(footprint.key, h.unit_id, h.window_start, h.window_end,
-                                       h.count, footprint.payload,
-                                       f"output offset {footprint.output_offset}")
-                unit.fp_in, unit.fp_out = h.in_offset, footprint.output_offset
-                report.state_bytes_loaded += len(footprint.payload)
-            heapq.heapify(self.heap)
+            self._load_footprints(found.footprints, report)
             assert len(self.units) == found.last.n_open
         self.hwm = plan.hwm_us
         self.last_offset = plan.start - 1

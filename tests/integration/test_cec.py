@@ -11,9 +11,13 @@ import struct
 import pytest
 
 import streamlog
-from streamlog.operators.cec import (AggregateOperator, CECPolicy, WindowSpec, decode_window_record,
-                           iter_batches_backwards)
-from streamlog.operators.checkpoint import Checkpoint, CheckpointPolicy, CheckpointStore
+from streamlog.operators.aggregate import AggregateOperator, WindowSpec
+from streamlog.operators.aggregate_records import decode_window_record
+from streamlog.operators.cec_policy import CECPolicy
+from streamlog.operators.checkpoint_policy import CheckpointPolicy
+from streamlog.operators.checkpoint_store import CheckpointStore
+from streamlog.operators.checkpoint_value import Checkpoint
+from streamlog.operators.read_backwards import iter_batches_backwards
 from streamlog.errors import CorruptionError, InvalidArgument
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind

@@ -11,8 +11,10 @@ import lmdb
 import pytest
 
 import streamlog
-from streamlog.operators.checkpoint import (Checkpoint, CheckpointMode, CheckpointPolicy, Checkpointer,
-                                  CheckpointStore, Outcome)
+from streamlog.operators.checkpoint import Checkpointer, Outcome
+from streamlog.operators.checkpoint_policy import CheckpointMode, CheckpointPolicy
+from streamlog.operators.checkpoint_store import CheckpointStore
+from streamlog.operators.checkpoint_value import Checkpoint
 from streamlog.errors import CorruptionError, InvalidArgument, StreamLogError
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.operators.recovery_report import LOAD, LOCATE, REPLAY, TRUNCATE

@@ -14,11 +14,14 @@ import pytest
 
 import streamlog
 from streamlog.errors import CorruptionError, InvalidArgument, StreamLogError
-from streamlog.operators.checkpoint import (PENDING_MAX, Checkpoint, CheckpointMode,
-                                            CheckpointPolicy, Checkpointer, CheckpointRequest,
-                                            CheckpointStore, Outcome)
+from streamlog.operators.checkpoint import PENDING_MAX, Checkpointer, Outcome
+from streamlog.operators.checkpoint_policy import (CheckpointMode, CheckpointPolicy,
+                                                   CheckpointRequest)
+from streamlog.operators.checkpoint_store import CheckpointStore
+from streamlog.operators.checkpoint_value import Checkpoint
 from streamlog.operators.codec import DEFAULT_CODEC
-from streamlog.operators.runtime import OperatorRuntime, OutputBuffer
+from streamlog.operators.operator_io import OutputBuffer
+from streamlog.operators.runtime import OperatorRuntime
 from test_checkpoint import ManualClock  # the same manual clock
 
 SERIALIZE_S = 0.05  # the slow serialiser

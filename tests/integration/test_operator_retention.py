@@ -19,8 +19,10 @@ import pytest
 import streamlog
 from streamlog.errors import DataLossError, InvalidArgument, StreamLogError
 from streamlog.operators.alignment import (Facts, PositionNote, plan_recovery)
-from streamlog.operators.cec import AggregateOperator, CECPolicy, WindowSpec
-from streamlog.operators.checkpoint import CheckpointPolicy, CheckpointStore
+from streamlog.operators.aggregate import AggregateOperator, WindowSpec
+from streamlog.operators.cec_policy import CECPolicy
+from streamlog.operators.checkpoint_policy import CheckpointPolicy
+from streamlog.operators.checkpoint_store import CheckpointStore
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
 

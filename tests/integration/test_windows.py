@@ -2,9 +2,9 @@
 functions, with CEC (DESIGN 8) and CRB (DESIGN 7), in-process on real files.
 
 Every result is compared with a brute-force reference computed here from the input and
-the definitions in windows.py's docstring, written the slow and obvious way. Crashes are
-simulated by giving recovery a prefix of a failure-free output (what a crash under
-fsync=always leaves); tests/sim/test_windows_crash.py kills real processes.
+the definitions in window_functions.py's docstring, written the slow and obvious way.
+Crashes are simulated by giving recovery a prefix of a failure-free output (what a crash
+under fsync=always leaves); tests/sim/test_windows_crash.py kills real processes.
 """
 
 from __future__ import annotations
@@ -19,14 +19,17 @@ import pytest
 
 import streamlog
 from streamlog.errors import CorruptionError, DataLossError, InvalidArgument
-from streamlog.operators.cec import CECPolicy
-from streamlog.operators.checkpoint import Checkpoint, CheckpointPolicy, CheckpointStore
+from streamlog.operators.cec_policy import CECPolicy
+from streamlog.operators.checkpoint_policy import CheckpointPolicy
+from streamlog.operators.checkpoint_store import CheckpointStore
+from streamlog.operators.checkpoint_value import Checkpoint
+from streamlog.operators.operator_io import OutputTarget
 from streamlog.operators.recovery_report import RecoveryReport
-from streamlog.operators.runtime import OperatorRuntime, OutputTarget
-from streamlog.operators.window_cec import FLAG_FINAL, decode_output
-from streamlog.operators.windows import (CollectOffsets, CountRecords, Hopping, Sliding, SumInt64,
-                                         TopN, Tumbling, Window, WindowedOperator,
-                                         read_window_results)
+from streamlog.operators.runtime import OperatorRuntime
+from streamlog.operators.window_cec import FLAG_FINAL, decode_output, read_window_results
+from streamlog.operators.window_functions import (CollectOffsets, CountRecords, Hopping, Sliding,
+                                                  SumInt64, TopN, Tumbling, Window)
+from streamlog.operators.windows import WindowedOperator
 from streamlog.records import RecordKind
 
 ASSIGNERS = {

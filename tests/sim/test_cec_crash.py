@@ -22,7 +22,7 @@ import random
 import pytest
 
 import streamlog
-from streamlog.operators.cec import AggregateOperator, WindowSpec
+from streamlog.operators.aggregate import AggregateOperator, WindowSpec
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
 import operator_runs

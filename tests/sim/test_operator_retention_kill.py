@@ -34,7 +34,7 @@ import threading
 import pytest
 
 import streamlog
-from streamlog.operators.cec import AggregateOperator, WindowSpec
+from streamlog.operators.aggregate import AggregateOperator, WindowSpec
 from streamlog.operators.runtime import OperatorRuntime
 from operator_runs import RUN_S_MAX, run_child
 

@@ -22,7 +22,9 @@ import pytest
 
 import streamlog
 from streamlog.operators.runtime import OperatorRuntime
-from streamlog.operators.windows import CollectOffsets, WindowedOperator, read_window_results
+from streamlog.operators.window_cec import read_window_results
+from streamlog.operators.window_functions import CollectOffsets
+from streamlog.operators.windows import WindowedOperator
 from streamlog.records import RecordKind
 import operator_runs
 from operator_runs import skewed_input  # beside this file, on sys.path

@@ -19,10 +19,11 @@ import json
 import sys
 
 import streamlog
-from streamlog.operators.cec import CECPolicy
+from streamlog.operators.cec_policy import CECPolicy
 from streamlog.operators.runtime import OperatorRuntime
-from streamlog.operators.windows import (CollectOffsets, Hopping, Sliding, SumInt64, Tumbling,
-                                         WindowedOperator)
+from streamlog.operators.window_functions import (CollectOffsets, Hopping, Sliding, SumInt64,
+                                                  Tumbling)
+from streamlog.operators.windows import WindowedOperator
 
 
 class ReportingOperator(WindowedOperator):
