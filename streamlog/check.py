@@ -13,7 +13,11 @@ first bad frame, moving every cut byte under `LOG/quarantine/` first (nothing is
 deleted), and drops the index, which the next open rebuilds from what is left.
 
 Nothing here writes, except `repair_partition` (with the log's writer lock held
-exclusively by the caller: no writer process may be alive) and `record_verification` (scrub.json, the partition's last verification).
+exclusively by the caller: no writer process may be alive) and `record_verification`
+(scrub.json, the partition's last verification). Every file is read and changed
+through a FileIO (`fileio=None`: the real file system), as the partition does, so a
+tool and an open look at the same bytes the same way; the index is opened and wiped
+through its storage (index_storage.py).
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import time
 from . import layout, maintenance
 from .config import LogConfig
 from .errors import CorruptFrame, CorruptIndex, CorruptionError, InvalidArgument
-from .fileio import OsFileIO, write_file_atomic
+from .fileio import OsFileIO, read_file, write_file_atomic
 from .frame import HEADER_BYTES, INCOMPLETE, Frame, decode_header
 from .index import Index
+from .index_storage import LmdbIndexStorage, wipe_index
 from .integrity import IndexClaim, TailKind, Verdict, decide
 from .payload import columns_to_records, decode_columns
 from .records import RecordKind
@@ -99,16 +104,23 @@ class PartitionCheck:
 def open_segments(directory: str, fileio=None) -> list[Segment]:
     """Read-only Segment objects for a partition directory, in offset order."""
     fileio = fileio or OsFileIO()
-    names = fileio.listdir(directory) if os.path.isdir(directory) else []
+    names = _names_in(fileio, directory)
     bases = sorted(b for b in map(layout.parse_segment_name, names) if b is not None)
     return [Segment(fileio, directory, base, writable=False) for base in bases]
 
 
-def partition_dirs(path: str, stream: str | None = None, partition: int | None = None):
-    """(stream, number, directory) of every partition, from the files alone."""
+def partition_dirs(path: str, stream: str | None = None, partition: int | None = None, *,
+                   fileio=None):
+    """(stream, number, directory) of every partition, from the files alone.
+
+    Raises:
+        InvalidArgument for a `stream` the log does not have; CorruptionError when a
+        stream.json does not say how many partitions its stream has.
+    """
+    fileio = fileio or OsFileIO()
     root = layout.streams_dir(path)
-    names = sorted(n for n in (os.listdir(root) if os.path.isdir(root) else ())
-                   if os.path.exists(os.path.join(root, n, "stream.json")))
+    names = sorted(n for n in _names_in(fileio, root)
+                   if fileio.exists(os.path.join(root, n, "stream.json")))
     if stream is not None:
         if stream not in names:
             raise InvalidArgument(f"no stream named {stream!r} in {path}")
@@ -116,13 +128,20 @@ def partition_dirs(path: str, stream: str | None = None, partition: int | None =
     for name in names:
         meta = os.path.join(layout.stream_dir(path, name), "stream.json")
         try:
-            with open(meta, "rb") as handle:
-                count = int(json.loads(handle.read())["partitions"])
+            count = int(json.loads(read_file(fileio, meta))["partitions"])
         except (ValueError, KeyError, TypeError):
             raise CorruptionError(f"{meta} is damaged") from None
         for number in range(count):
             if partition is None or partition == number:
                 yield name, number, layout.partition_dir(path, name, number)
+
+
+def _names_in(fileio, directory: str) -> list[str]:
+    """The entries of `directory`; none when there is no such directory."""
+    try:
+        return fileio.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _view_intent(directory: str, segments: list, fileio) -> tuple[list, str | None]:
@@ -165,7 +184,7 @@ def _check_segments(result: PartitionCheck, segments, fileio, chunk_bytes: int,
                     truncating: bool = False) -> None:
     # During a truncate the index still describes the partition before the cut (the
     # writer that finishes the intent reconciles it): its claim says nothing here.
-    claim = Claim(IndexClaim.ABSENT) if truncating else _claim(result, segments)
+    claim = Claim(IndexClaim.ABSENT) if truncating else _claim(result, segments, fileio)
     def sealed(n: int) -> int | None:
         end_offset = _seal_matches(result, segments[n], fileio, progress)
         if end_offset is not None:
@@ -200,13 +219,14 @@ def _check_segments(result: PartitionCheck, segments, fileio, chunk_bytes: int,
         _record_finding(result, segments, end)
 
 
-def _claim(result: PartitionCheck, segments) -> Claim:
+def _claim(result: PartitionCheck, segments, fileio) -> Claim:
     """The index's claim, read without changing a file. An index the table says to
     rebuild is reported, and the segments are judged as if there were none."""
     path = os.path.join(result.directory, "index")
     index = None
     try:
-        index = Index(path, readonly=True, map_bytes=LogConfig().index_map_bytes)
+        index = Index(path, readonly=True, map_bytes=LogConfig().index_map_bytes,
+                      storage=LmdbIndexStorage(fileio))
         claim = claim_index(segments, index)
     except CorruptIndex as error:
         claim = Claim(IndexClaim.UNREADABLE, problem=str(error))
@@ -347,7 +367,7 @@ def repair_partition(log_dir: str, result: PartitionCheck, *, dry_run: bool,
                     "reason": result.index_problem or "segments were cut",
                     "dry_run": dry_run})
         if not dry_run:
-            _drop_index(result.directory)
+            wipe_index(os.path.join(result.directory, "index"), fileio=fileio)
     return out
 
 
@@ -397,31 +417,25 @@ def _quarantine(log_dir: str, result: PartitionCheck, segments, number: int,
     durable before anything is removed, so a crash leaves both or the original."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = os.path.join(log_dir, QUARANTINE_DIR, result.stream, str(result.partition), stamp)
-    os.makedirs(target, exist_ok=True)
+    fileio.makedirs(target)
     segment = segments[number]
-    with open(segment.path, "rb") as source:
-        source.seek(position)
-        tail = source.read()
+    # (the segments are open and no writer may be alive: their size is the file's)
+    tail = segment.read(position, segment.size_bytes - position)
     name = f"{os.path.basename(segment.path)}.from-{position}"
     write_file_atomic(fileio, os.path.join(target, name), tail)
     for later in segments[number + 1:]:
         remove_seal(fileio, later.path)
-        os.rename(later.path, os.path.join(target, os.path.basename(later.path)))
+        fileio.rename(later.path, os.path.join(target, os.path.basename(later.path)))
     fileio.fsync_dir(target)
     remove_seal(fileio, segment.path)
     if position == 0 and number > 0:
-        os.rename(segment.path, os.path.join(target, os.path.basename(segment.path)))
+        fileio.rename(segment.path, os.path.join(target, os.path.basename(segment.path)))
     else:
-        with open(segment.path, "r+b") as handle:
-            handle.truncate(position)
-            os.fsync(handle.fileno())
+        handle = fileio.open(segment.path, writable=True)
+        try:
+            fileio.truncate(handle, position)
+            fileio.fsync(handle)
+        finally:
+            fileio.close(handle)
     fileio.fsync_dir(result.directory)
     return target
-
-
-def _drop_index(directory: str) -> None:
-    path = os.path.join(directory, "index")
-    for name in os.listdir(path) if os.path.isdir(path) else ():
-        os.unlink(os.path.join(path, name))
-    if os.path.exists(path + ".seal"):
-        os.unlink(path + ".seal")

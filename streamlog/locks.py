@@ -8,26 +8,26 @@ through the file layer (fileio.py), both released by the kernel when a process d
   open transaction for the orphan of a crashed writer and abort it. A close that gets it
   exclusively after letting go is the last writer, and seals the indexes (index.py).
   `streamlog repair` needs it exclusively. A read-only view never takes it; it asks
-  /proc/locks whether a writer is alive (log.writer_alive).
+  /proc/locks whether a writer is alive (directory.writer_alive).
 * `PARTITION/writer.lock`, the commit lock: held exclusively while a commit writes,
   fsyncs and indexes, and while recovery, truncate or retention change the files. A
   read-only view holds it shared while it refreshes, so it never takes in a frame whose
   commit has not finished (with fsync=always: one that is not yet durable).
 
 The commit lock's file holds a change counter and the tail state its last holder left
-(read and written through a shared mapping; not durable and not needed to be: every
-open recovers from the segments). A holder about to change the partition's files bumps
-the counter first, so a writer that finds a counter other than the one it left knows
-another process has been there (even one killed half-way) and catches up before it
-writes (partition.py): from the tail state alone when the last holder let go cleanly
-and the segment set is as it knows it, otherwise by reading what was added. A
-read-only view's follower reads the counter between waits (`moved`) and refreshes
-only when it changed.
+(read and written through the shared mapping the FileIO gives, `map_shared`: an mmap of
+the file, or in memory one buffer every handle of the file shares; not durable and not
+needed to be: every open recovers from the segments). A holder about to change the
+partition's files bumps the counter first, so a writer that finds a counter other than
+the one it left knows another process has been there (even one killed half-way) and
+catches up before it writes (catchup.py): from the tail state alone when the last
+holder let go cleanly and the segment set is as it knows it, otherwise by reading what
+was added. A read-only view's follower reads the counter between waits (`moved`) and
+refreshes only when it changed.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from typing import NamedTuple
@@ -72,7 +72,7 @@ class PartitionLock:
         self.path = os.path.join(directory, PARTITION_LOCK_NAME)
         self.writable = writable
         self.handle: int | None = None
-        self._map: mmap.mmap | None = None
+        self._map = None  # fileio.map_shared's buffer, once the file is whole
         if writable:
             self.handle = fileio.open_shared(self.path, _STATE.size, writable=True)
         elif fileio.exists(self.path):
@@ -141,11 +141,9 @@ class PartitionLock:
             self.fileio.unlock(self.handle)
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        self._map = None
         if self.handle is not None:
-            self.fileio.close(self.handle)  # also lets go of the lock
+            self.fileio.close(self.handle)  # also unmaps, and lets go of the lock
             self.handle, self.held = None, False
 
     def _fields(self) -> tuple:
@@ -153,8 +151,7 @@ class PartitionLock:
         if self._map is None:
             if self.fileio.size(self.handle) < _STATE.size:  # a writer is creating it
                 return _EMPTY
-            self._map = mmap.mmap(self.handle, _STATE.size, access=mmap.ACCESS_WRITE
-                                  if self.writable else mmap.ACCESS_READ)
+            self._map = self.fileio.map_shared(self.handle, _STATE.size)
         return _STATE.unpack_from(self._map, 0)
 
 

@@ -1,9 +1,10 @@
 """A FileIO that simulates power loss, torn writes, flipped bits and I/O errors.
 
-Strategy: `FaultFileIO` passes every call through to real files (`OsFileIO`), so the
-code under test runs unchanged on a real directory, and beside the files it keeps a
-model of what a power loss would leave behind, as TigerBeetle's
-`src/testing/storage.zig` does over memory:
+Strategy: `FaultFileIO` passes every call through to an inner FileIO: real files
+(`OsFileIO`, the default), so the code under test runs unchanged on a real directory,
+or memory (`FaultFileIO(seed, inner=MemoryFileIO())`, testing/memfs.py), so it runs with
+no disk at all. Beside the files it keeps a model of what a power loss would leave
+behind, as TigerBeetle's `src/testing/storage.zig` does over memory:
 
   * each file (an *inode*: an open handle and a rename follow it, not its name) has a
     *durable image*, the bytes the last fsync made durable, and the list of writes and
@@ -13,12 +14,13 @@ model of what a power loss would leave behind, as TigerBeetle's
     the last fsync_dir of the directory they happened in.
 
 `crash(rng, mode)` is the power loss. It decides, file by file, what reached the disk,
-rewrites the real files to match, and puts the file system in the CRASHED state: every
-later call except `close` raises OSError(EIO) and no byte reaches the disk. The log
-object that was running is dead: stop it with `log.close()` (its errors swallowed, see
-`abandon`), then open the directory again with a new FileIO, as a rebooted machine
-would. The LMDB index does not go through FileIO, so after a crash it may be *ahead* of
-the segments; recovery must cope, and that is part of what the simulation tests.
+rewrites the files (through the inner FileIO) to match, and puts the file system in the
+CRASHED state: every later call except `close` raises OSError(EIO) and no byte reaches
+the disk. The log object that was running is dead: stop it with `log.close()` (its
+errors swallowed, see `abandon`), then open the directory again with a new FileIO (for
+memory: over the same MemoryFileIO), as a rebooted machine would. The LMDB index does
+not go through FileIO, so after a crash it may be *ahead* of the segments; recovery
+must cope, and that is part of what the simulation tests.
 
 Crash modes: what reaches the disk of the operations pending on each file.
 
@@ -40,10 +42,12 @@ Faults scheduled ahead:
 The mutating operations, counted in `steps` from 1, are: create (an `open` with
 create=True of a missing file), pwrite, fsync, truncate, rename, unlink, fsync_dir.
 The last few are kept in `trace` as (step, operation, path). Directories made by
-`makedirs` are not modelled: they are taken as durable at once.
+`makedirs` are not modelled: they are taken as durable at once. A rename across
+directories is one change, made durable by an fsync_dir of either directory (a
+journaling file system commits it as one transaction).
 
 Limits: the model holds each file's durable image in memory, which suits the test logs
-of a few megabytes it is meant for. `fsync` does not call the real fsync unless
+of a few megabytes it is meant for. `fsync` does not call the inner fsync unless
 `real_fsync=True`: durability is the model's business, and the tests run faster.
 
 Determinism: every random choice comes from the Random passed to `crash` (or made from
@@ -65,7 +69,7 @@ import os
 import random
 import threading
 
-from ..fileio import OsFileIO
+from ..fileio import FileIO, OsFileIO, read_file
 
 TRACE_ENTRIES_MAX = 256
 
@@ -120,6 +124,13 @@ class _EntryChange:
     before: _Inode | None
     source: str | None = None
 
+    def directories(self) -> tuple[str, ...]:
+        """The directories whose fsync_dir makes the change durable: its own, and for
+        a rename from another directory that one too (one journal transaction)."""
+        if self.source is None:
+            return (self.directory,)
+        return (self.directory, os.path.dirname(self.source))
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Fault:
@@ -136,14 +147,20 @@ class _CrashPlan:
 
 
 class FaultFileIO:
-    """The FileIO protocol of streamlog/fileio.py over real files, with simulated faults.
+    """The FileIO protocol of streamlog/fileio.py over another FileIO, with simulated
+    faults.
 
     Args:
         seed: seeds the Random used by crashes that are not given one.
-        real_fsync: also fsync the real files (off: the model decides durability).
+        real_fsync: also fsync through the inner FileIO (off: the model decides
+            durability).
+        inner: the files underneath (default: the real file system, OsFileIO); a
+            `testing.memfs.MemoryFileIO` runs the whole model in memory. It outlives a
+            crash: the next FaultFileIO over it is the rebooted machine.
     """
 
-    def __init__(self, seed: int = 0, *, real_fsync: bool = False) -> None:
+    def __init__(self, seed: int = 0, *, real_fsync: bool = False,
+                 inner: FileIO | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.real_fsync = real_fsync
@@ -154,7 +171,7 @@ class FaultFileIO:
         self.steps = 0
         self.counts: collections.Counter[str] = collections.Counter()
         self.trace: collections.deque = collections.deque(maxlen=TRACE_ENTRIES_MAX)
-        self._inner = OsFileIO()
+        self.inner: FileIO = inner if inner is not None else OsFileIO()
         self._lock = threading.RLock()
         self._names: dict[str, _Inode] = {}
         self._handles: dict[int, _Inode] = {}
@@ -206,7 +223,7 @@ class FaultFileIO:
                 images[inode.number] = _torn_image(inode, rng,
                                                    garbage=mode is CrashMode.GARBAGE)
         for path in sorted(set(self._names) | set(names)):
-            _rewrite(path, self._names.get(path), names.get(path), images)
+            _rewrite(self.inner, path, self._names.get(path), names.get(path), images)
         for inode in names.values():
             inode.durable, inode.pending = images[inode.number], []
         self._names, self._journal = names, []
@@ -235,9 +252,10 @@ class FaultFileIO:
 
     def flip_bit(self, path: str, position: int, bit: int = 0) -> None:
         """Flip one bit of a file on disk, durably (media corruption, not a write).
-        Only for a file with no unsynced operations."""
+        Only for a file with no unsynced operations. Allowed after a crash too (the
+        disk is still there to damage)."""
         with self._lock:
-            flip_bit(path, position, bit)
+            _flip_bit_in(self.inner, path, position, bit)
             inode = self._names.get(os.path.abspath(path))
             if inode is not None:
                 assert not inode.pending, "flip_bit on a file with unsynced writes"
@@ -252,12 +270,12 @@ class FaultFileIO:
             self._check_alive()
             inode = self._inode_at(path)
             if inode is not None or not create:
-                handle = self._inner.open(path, writable=writable, create=create)
+                handle = self.inner.open(path, writable=writable, create=create)
                 self._handles[handle] = inode if inode is not None else self._adopt(path)
                 return handle
             if self._begin("create", path) is not None:
                 raise _eio("create", path)
-            handle = self._inner.open(path, writable=writable, create=True)
+            handle = self.inner.open(path, writable=writable, create=True)
             inode = self._new_inode(b"")
             self._handles[handle] = inode
             self._names[os.path.abspath(path)] = inode
@@ -270,33 +288,33 @@ class FaultFileIO:
         with self._lock:
             data = bytes(data)
             inode = self._inode_of(handle)
-            fault = self._begin("pwrite", self._inner.path_of(handle))
+            fault = self._begin("pwrite", self.inner.path_of(handle))
             if fault is not None:
                 if fault.partial and data:
                     prefix = data[:self.rng.randrange(len(data))]
-                    self._inner.pwrite(handle, prefix, position)
+                    self.inner.pwrite(handle, prefix, position)
                     inode.pending.append(_Write(position, prefix))
-                raise _eio("pwrite", self._inner.path_of(handle))
-            self._inner.pwrite(handle, data, position)
+                raise _eio("pwrite", self.inner.path_of(handle))
+            self.inner.pwrite(handle, data, position)
             inode.pending.append(_Write(position, data))
             self._maybe_crash()
 
     def fsync(self, handle: int) -> None:
         with self._lock:
             inode = self._inode_of(handle)
-            if self._begin("fsync", self._inner.path_of(handle)) is not None:
-                raise _eio("fsync", self._inner.path_of(handle))
+            if self._begin("fsync", self.inner.path_of(handle)) is not None:
+                raise _eio("fsync", self.inner.path_of(handle))
             self._maybe_crash()  # the power fails before the disk acknowledges
             if self.real_fsync:
-                self._inner.fsync(handle)
+                self.inner.fsync(handle)
             inode.durable, inode.pending = bytes(inode.volatile()), []
 
     def truncate(self, handle: int, size: int) -> None:
         with self._lock:
             inode = self._inode_of(handle)
-            if self._begin("truncate", self._inner.path_of(handle)) is not None:
-                raise _eio("truncate", self._inner.path_of(handle))
-            self._inner.truncate(handle, size)
+            if self._begin("truncate", self.inner.path_of(handle)) is not None:
+                raise _eio("truncate", self.inner.path_of(handle))
+            self.inner.truncate(handle, size)
             inode.pending.append(_Truncate(size))
             self._maybe_crash()
 
@@ -304,10 +322,9 @@ class FaultFileIO:
         with self._lock:
             if self._begin("rename", f"{source} -> {target}") is not None:
                 raise _eio("rename", source)
-            assert _directory(source) == _directory(target), "rename across directories"
             inode = self._inode_at(source)
             before = self._inode_at(target)
-            self._inner.rename(source, target)
+            self.inner.rename(source, target)
             assert inode is not None
             del self._names[os.path.abspath(source)]
             self._names[os.path.abspath(target)] = inode
@@ -320,7 +337,7 @@ class FaultFileIO:
             if self._begin("unlink", path) is not None:
                 raise _eio("unlink", path)
             before = self._inode_at(path)
-            self._inner.unlink(path)
+            self.inner.unlink(path)
             assert before is not None
             del self._names[os.path.abspath(path)]
             self._journal.append(_EntryChange(_directory(path), os.path.abspath(path),
@@ -333,9 +350,9 @@ class FaultFileIO:
                 raise _eio("fsync_dir", path)
             self._maybe_crash()
             if self.real_fsync:
-                self._inner.fsync_dir(path)
+                self.inner.fsync_dir(path)
             directory = os.path.abspath(path)
-            self._journal = [c for c in self._journal if c.directory != directory]
+            self._journal = [c for c in self._journal if directory not in c.directories()]
 
     # -- the FileIO protocol: the rest ----------------------------------------------
 
@@ -343,46 +360,55 @@ class FaultFileIO:
         """Allowed after a crash too, so a dead log can let go of its handles."""
         with self._lock:
             self._handles.pop(handle, None)
-            self._inner.close(handle)
+            self.inner.close(handle)
 
     def size(self, handle: int) -> int:
         self._check_alive()
-        return self._inner.size(handle)
+        return self.inner.size(handle)
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
         self._check_alive()
-        return self._inner.pread(handle, size, position)
+        return self.inner.pread(handle, size, position)
 
     def listdir(self, path: str) -> list[str]:
         self._check_alive()
-        return self._inner.listdir(path)
+        return self.inner.listdir(path)
 
     def exists(self, path: str) -> bool:
         self._check_alive()
-        return self._inner.exists(path)
+        return self.inner.exists(path)
+
+    def identity(self, path: str) -> tuple:
+        self._check_alive()
+        return self.inner.identity(path)
 
     def makedirs(self, path: str) -> None:
         self._check_alive()
-        self._inner.makedirs(path)
+        self.inner.makedirs(path)
 
     def path_of(self, handle: int) -> str:
-        return self._inner.path_of(handle)
+        return self.inner.path_of(handle)
 
     def open_shared(self, path: str, size: int, *, writable: bool) -> int:
         """Not durable data (a lock's counters, mapped by live processes): passed
         through and never rewritten by a crash, which would pull the pages from under
         the dead log's mapping."""
         self._check_alive()
-        return self._inner.open_shared(path, size, writable=writable)
+        return self.inner.open_shared(path, size, writable=writable)
+
+    def map_shared(self, handle: int, size: int):
+        """Passed through, as open_shared."""
+        self._check_alive()
+        return self.inner.map_shared(handle, size)
 
     def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
         """Locks are not state a power loss keeps: passed through."""
         self._check_alive()
-        return self._inner.lock(handle, exclusive=exclusive, blocking=blocking)
+        return self.inner.lock(handle, exclusive=exclusive, blocking=blocking)
 
     def unlock(self, handle: int) -> None:
         """Allowed after a crash too (a dead process's locks go with it)."""
-        self._inner.unlock(handle)
+        self.inner.unlock(handle)
 
     # -- bookkeeping ----------------------------------------------------------------
 
@@ -416,14 +442,16 @@ class FaultFileIO:
     def _inode_at(self, path: str) -> _Inode | None:
         """The inode `path` names, adopting a file the model has not seen yet."""
         inode = self._names.get(os.path.abspath(path))
-        if inode is None and os.path.isfile(path):
-            inode = self._adopt(path)
+        if inode is None:
+            try:
+                inode = self._adopt(path)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                return None  # no file there (nothing, or a directory)
         return inode
 
     def _adopt(self, path: str) -> _Inode:
         """A file that existed before this FileIO saw it: taken as durable."""
-        with open(path, "rb") as file:
-            inode = self._new_inode(file.read())
+        inode = self._new_inode(read_file(self.inner, path))
         self._names[os.path.abspath(path)] = inode
         return inode
 
@@ -433,15 +461,20 @@ class FaultFileIO:
 
 
 def flip_bit(path: str, position: int, bit: int = 0) -> None:
-    """Flip bit `bit` of the byte at `position` of the file at `path`, in place."""
+    """Flip bit `bit` of the byte at `position` of the real file at `path`, in place."""
+    _flip_bit_in(OsFileIO(), path, position, bit)
+
+
+def _flip_bit_in(fileio: FileIO, path: str, position: int, bit: int) -> None:
     assert 0 <= bit < 8
-    with open(path, "r+b") as file:
-        file.seek(position)
-        byte = file.read(1)
+    handle = fileio.open(path, writable=True)
+    try:
+        byte = fileio.pread(handle, 1, position)
         if len(byte) != 1:
             raise ValueError(f"{path} has no byte at position {position}")
-        file.seek(position)
-        file.write(bytes([byte[0] ^ (1 << bit)]))
+        fileio.pwrite(handle, bytes([byte[0] ^ (1 << bit)]), position)
+    finally:
+        fileio.close(handle)
 
 
 # -- pure helpers ----------------------------------------------------------------------
@@ -498,12 +531,12 @@ def _undo(names: dict[str, _Inode], change: _EntryChange) -> None:
         names[change.source] = change.inode
 
 
-def _rewrite(path: str, current: _Inode | None, target: _Inode | None,
+def _rewrite(fileio: FileIO, path: str, current: _Inode | None, target: _Inode | None,
              images: dict[int, bytes]) -> None:
-    """Make the real file at `path` hold what the crash left there."""
+    """Make the file at `path` (in `fileio`, the inner one) hold what the crash left."""
     if target is None:
-        if os.path.lexists(path):
-            os.unlink(path)
+        if fileio.exists(path):
+            fileio.unlink(path)
         return
     image = images[target.number]
     start = 0
@@ -511,16 +544,12 @@ def _rewrite(path: str, current: _Inode | None, target: _Inode | None,
         if not target.pending:
             return  # nothing was pending: the disk already holds the durable image
         start = min(target.dirty_from(), len(image))
-    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    handle = fileio.open(path, writable=True, create=True)
     try:
-        os.ftruncate(handle, len(image))
-        view = memoryview(image)[start:]
-        position = start
-        while view:
-            written = os.pwrite(handle, view, position)
-            view, position = view[written:], position + written
+        fileio.truncate(handle, len(image))
+        fileio.pwrite(handle, memoryview(image)[start:], start)
     finally:
-        os.close(handle)
+        fileio.close(handle)
 
 
 def _directory(path: str) -> str:

@@ -236,7 +236,11 @@ class _Store:
 
 
 class MemoryEnv:
-    """py-lmdb's Environment, over a `_Store` of `MemoryIndexStorage`."""
+    """py-lmdb's Environment, over a `_Store` of `MemoryIndexStorage`, as the index
+    asks a storage for one (index_storage.IndexEnv)."""
+
+    # Nothing damages it but the index's own writes: what it lacks is truly absent.
+    verified = True
 
     def __init__(self, storage: "MemoryIndexStorage", store: _Store, readonly: bool) -> None:
         self._storage, self._store, self._readonly = storage, store, readonly
@@ -261,14 +265,18 @@ class MemoryEnv:
         if not self._readonly and not self._storage.crashed:
             self._store.sync()
 
-    def close(self) -> None:
+    def close(self, *, seal: bool = False) -> None:
+        """Close; `seal` (a writer's clean close) syncs first. There is no seal file:
+        memory cannot be damaged behind the index's back."""
+        if seal:
+            self.sync(True)
         self._closed = True
 
 
 class MemoryIndexStorage:
-    """Index directories held in memory (`Index(..., storage=this)`); see the module
-    docstring. `crash` (or the attached file system's power loss) rolls every one of
-    them back at once."""
+    """Index directories held in memory (`Index(..., storage=this)`, the interface of
+    index_storage.IndexStorage); see the module docstring. `crash` (or the attached
+    file system's power loss) rolls every one of them back at once."""
 
     def __init__(self) -> None:
         self._stores: dict[str, _Store] = {}
@@ -278,7 +286,11 @@ class MemoryIndexStorage:
     def exists(self, path: str) -> bool:
         return path in self._stores
 
-    def open(self, path: str, *, readonly: bool) -> MemoryEnv:
+    def open(self, path: str, *, readonly: bool, map_bytes: int = 0,
+             probe_unsealed=None) -> MemoryEnv:
+        """The environment of `path` (created when writable). `map_bytes` and
+        `probe_unsealed` are LMDB's business: memory has no map size, nor pages a
+        crash could leave damaged."""
         store = self._stores.get(path)
         if store is None:
             if readonly:
