@@ -16,9 +16,13 @@ from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment
                      OffsetOutOfRange,
                      PartitionFailed, ProducerFenced, ReadOnlyLog, StreamLogError,
                      UnknownStream)
-from .log import Log, open_log, partition_for_key, writer_in_this_process
+from .append import partition_for_key
+from .directory import writer_in_this_process
+from .connect import open_log
+from .log import Log
 from .errors import BufferFull, ProducerTimeout
-from .producer import Producer, RecordFuture
+from .producer import Producer
+from .producer_batch import RecordFuture
 from .reader import Reader
 from .records import AppendResult, Record, RecordKind, RecordPosition
 from .txn import TxnState

@@ -87,6 +87,11 @@ LOCAL_ONLY: dict[str, str] = {
                            "the process that has the log open",
     "append_prepared": "records already in the writer's form: the daemon's own APPEND "
                        "path; a client sends records (append_batch, append_columns)",
+    "submit": "the one door to the partitions' writers, for a Submission the log's own "
+              "append rules made (append.py): every append form above comes through it",
+    "submit_async": "submit, awaited (the one door)",
+    "submit_then": "submit, resolved by the writer thread: the local Producer's batches; "
+                   "a client's Producer sends through RemoteLog.send_batch",
     "batch_holding": "hands out a stored batch, the unit of the log's files (an "
                      "operator reading its output backwards); a client reads ranges",
     "wait_for": "a long poll on the live tail, for what runs beside the log (the Kafka "
@@ -135,9 +140,9 @@ PUBLIC_MODULES: dict[str, tuple[frozenset[str] | None, str]] = {
     "streamlog.validate": (frozenset({"records"}),
                            "a daemon client checks an append's records with the log's own "
                            "checks (the same errors as Log.append_batch)"),
-    "streamlog.appender": (frozenset({"Piece"}),
-                           "records as lists in the form a partition's writer takes: one "
-                           "of the two forms Log.append_prepared takes"),
+    "streamlog.encoder": (frozenset({"Piece"}),
+                          "records as lists in the form a partition's writer takes: one "
+                          "of the two forms Log.append_prepared takes"),
     "streamlog.fileio": (frozenset({"FileIO", "OsFileIO", "read_file", "write_file_atomic"}),
                          "the file-system seam open_log(fileio=...) takes, and its "
                          "crash-safe whole-file write, for what keeps files beside the "
@@ -149,7 +154,10 @@ PUBLIC_MODULES: dict[str, tuple[frozenset[str] | None, str]] = {
     "streamlog.check": (None, "the offline check and repair of a partition's files "
                               "(DESIGN 4): what `streamlog verify`, `dump` and `repair` run"),
     "streamlog.integrity": (frozenset({"Verdict"}), "the verdict a check's result carries"),
-    "streamlog.log": (frozenset({"open_log", "take_writer_lock"}),
-                      "open_log is streamlog.open_log; take_writer_lock makes "
-                      "`streamlog repair` the log's only writer"),
+    "streamlog.connect": (frozenset({"open_log"}), "open_log is streamlog.open_log"),
+    "streamlog.producer": (frozenset({"Producer"}),
+                           "the Producer a daemon's client's producer() returns"),
+    "streamlog.directory": (frozenset({"take_writer_lock"}),
+                            "take_writer_lock makes "
+                            "`streamlog repair` the log's only writer"),
 }

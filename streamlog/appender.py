@@ -11,8 +11,12 @@ blocks, and sync callers (Spark executors) must be able to append too.
 Sticky failure: if a write or fsync raises, the partition is FAILED; every queued and
 later append gets PartitionFailed, and fsync is never retried.
 
-Only the writer thread touches segments, the index and the offsets; callers touch only
-the queue, under `_cond`.
+The writer loop is here whole, in `_commit`: take the commit lock (which first takes in
+what writers in other processes did: catchup.py), encode (encoder.py, a pure function),
+roll a full or old segment, write with one write, fsync under the policy, index, publish
+the partition's new state, hand the frames to the live tail, let the lock go. Only the
+writer thread touches segments, the index and the state; callers touch only the queue,
+under `_cond`.
 """
 
 from __future__ import annotations
@@ -23,38 +27,13 @@ import dataclasses
 import logging
 import threading
 
-import numpy as np
-import zstandard
-
-from .config import Compression, FsyncPolicy, LogConfig
+from .config import FsyncPolicy, LogConfig
+from .encoder import Compressor, Piece, encode_commit
 from .errors import LogClosed, PartitionFailed
-from .frame import (CODEC_ZSTD, FLAG_HAS_PRODUCER, Frame, ProducerStamp, encode_frame,
-                    encode_frame_from_parts, payload_start)
-from .index import IndexEntry, RecoveryPoint
-from .payload import (NO_TIME, EncodedRows, advance_hwm, compress, data_timestamps,
-                      encode_payload, encoded_parts)
-from .txn import frame_events
+from .segment import Segment
+from .state import recovery_point
 
 log = logging.getLogger("streamlog.appender")
-
-
-@dataclasses.dataclass(slots=True)
-class Piece:
-    """Records of one append that fit one frame. `kinds`/`headers` None when unused."""
-
-    timestamps_us: list
-    keys: list
-    values: list
-    kinds: list | None
-    headers: list | None
-    nbytes: int
-    txn_id: int = 0
-    # A Kafka producer's batch (frame.py's stamp): always a frame of its own.
-    producer: ProducerStamp | None = None
-
-    @property
-    def record_count(self) -> int:
-        return len(self.values)
 
 
 class Waiter:
@@ -75,21 +54,6 @@ class Waiter:
         if self.error is not None:
             raise self.error
         return self.result
-
-
-@dataclasses.dataclass(slots=True)
-class Committed:
-    """What one commit wrote: the partition's new end, the index entries and
-    transaction events to record, and the frames to publish to the live tail."""
-
-    next_offset: int
-    hwm_us: int | None
-    end_position: int  # in the active segment
-    record_count: int
-    entries: list
-    events: list
-    recovery: RecoveryPoint | None  # set when the commit was fsynced
-    published: list  # (Frame, running max before it)
 
 
 @dataclasses.dataclass(slots=True)
@@ -139,7 +103,8 @@ def _resolve_futures(items) -> None:
 
 
 class Appender:
-    """The writer thread of one partition. `partition` supplies segments, index, ring."""
+    """The writer thread of one partition. `partition` holds the state it owns (the
+    partition's files, index, state value and tail ring); see the module docstring."""
 
     def __init__(self, partition, config: LogConfig) -> None:
         self.partition = partition
@@ -149,15 +114,18 @@ class Appender:
         self._queued_bytes = 0
         self._space_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._closing = False
-        self.failed: BaseException | None = None
         self._dirty = False
         self._last_fsync = self.partition.clock.monotonic_s()
-        self._compressor = zstandard.ZstdCompressor(level=config.zstd_level)
-        self._zstd_skip = 0
+        self._compressor = Compressor(config)
         self.stats = {"writes": 0, "fsyncs": 0, "frames": 0, "records": 0}
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"streamlog-writer-{partition.name}")
         self._thread.start()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that failed the partition (sticky), or None."""
+        return self.partition.state.failed
 
     # -- callers ----------------------------------------------------------------------
 
@@ -215,7 +183,7 @@ class Appender:
             elif self._dirty and self.failed is None:
                 self._guarded(self._sync_interval)
         if self.failed is None:
-            self._guarded(self.partition.writer_close)
+            self._guarded(self._sync_at_close)
 
     def _take(self) -> list[Pending] | None:
         """Next group of queued appends ([] when an interval fsync is due, None to stop)."""
@@ -289,65 +257,48 @@ class Appender:
         log.error("partition %s failed: %s", self.partition.name,
                   error if str(error) else type(error).__name__,
                   exc_info=not isinstance(error, OSError))
-        self.failed = error
+        self.partition.publish(failed=error)
         with self._cond:
             self._cond.notify_all()
 
     def _commit(self, group: list[Pending]) -> list:
-        """Commit a group under the partition's commit lock (the partition first takes
-        in other processes' appends), hand the partition what was committed, and
-        return the waiters' results."""
+        """The writer loop's one commit, every step of it here: lock (and catch up),
+        encode, roll, write, fsync, index, publish, tail. Returns the waiters' results."""
         part = self.partition
-        with part.exclusive():
-            committed, owners = self._write(group, *part.end())
-            part.record(committed)
-        self.stats["frames"] += len(committed.entries)
-        self.stats["records"] += committed.record_count
-        return [(pending.waiter, first, None) for pending, first in owners]
-
-    def _write(self, group: list[Pending], offset: int, hwm) -> tuple["Committed", list]:
-        """Encode the group as frames from `offset` on (the partition's end, with
-        running max `hwm`), write them with one write and fsync under the policy.
-        Returns what was committed and (pending, first offset) of each append."""
-        first_offset = offset
-        frames: list = []
-        frame_pieces: list[Piece] = []
-        owners, running = [], offset
-        for pending in group:
-            owners.append((pending, running))
-            running += sum(piece.record_count for piece in pending.pieces)
-            for piece in pending.pieces:
-                if frame_pieces and not self._fits(frame_pieces, piece):
-                    offset, hwm = self._emit(frame_pieces, offset, hwm, frames)
-                    frame_pieces = []
-                frame_pieces.append(piece)
-        if frame_pieces:
-            offset, hwm = self._emit(frame_pieces, offset, hwm, frames)
-        segment, position = self.partition.segment_for_write(sum(len(f[0]) for f in frames))
-        written_at = segment.append(frames[0][0] if len(frames) == 1  # (not copied again)
-                                    else b"".join(f[0] for f in frames))
-        assert written_at == position
-        self.stats["writes"] += 1
-        entries, events, published = [], [], []
-        for data, base, count, hwm_before, hwm_after, min_ts, max_ts, raw, flags, txn_id, \
-                frame_txn_events, producer in frames:
-            events += frame_txn_events
-            entries.append(IndexEntry(base, segment.base_offset, position, count,
-                                      len(data), min_ts, max_ts,
-                                      NO_TIME if hwm_after is None else hwm_after))
-            published.append((Frame(position, base, count, min_ts, max_ts, txn_id, flags,
-                                    len(raw), raw, producer), hwm_before))
-            position += len(data)
-        recovery = None
-        if self.config.fsync is FsyncPolicy.ALWAYS:
-            segment.fsync()
-            self.stats["fsyncs"] += 1
-            recovery = RecoveryPoint(segment.base_offset, position, offset,
-                                     NO_TIME if hwm is None else hwm)
-        else:
-            self._dirty = True
-        return Committed(offset, hwm, position, offset - first_offset, entries, events,
-                         recovery, published), owners
+        with part.exclusive:  # the commit lock; first takes in other processes' writes
+            state = part.state
+            encoded = encode_commit([p.pieces for p in group], state.end_offset,
+                                    state.hwm_us, self.config, self._compressor)
+            roll_if_due(part, encoded.nbytes)
+            state = part.state
+            segment, position = state.segments.active, state.active_position
+            assert segment.size_bytes == position
+            written_at = segment.append(encoded.data)
+            assert written_at == position
+            self.stats["writes"] += 1
+            end = position + encoded.nbytes
+            recovery = None
+            if self.config.fsync is FsyncPolicy.ALWAYS:
+                segment.fsync()
+                self.stats["fsyncs"] += 1
+                recovery = recovery_point(state._replace(
+                    end_offset=encoded.next_offset, hwm_us=encoded.hwm_us,
+                    active_position=end))
+            else:
+                self._dirty = True
+            entries, events, batches = [], [], []
+            for frame in encoded.frames:
+                entries.append(frame.index_entry(segment.base_offset, position))
+                events += frame.events
+                batches.append((frame.base_offset, frame.tail_columns(position),
+                                frame.hwm_before))
+                position += len(frame.data)
+            part.index.put(entries, recovery, events)  # persist, then forward
+            part.publish_end(encoded.next_offset, encoded.hwm_us, end)
+            part.ring.publish(batches, encoded.next_offset)
+        self.stats["frames"] += len(encoded.frames)
+        self.stats["records"] += encoded.next_offset - state.end_offset
+        return [(pending.waiter, first, None) for pending, first in zip(group, encoded.firsts)]
 
     def write_from_job(self, pieces: list[Piece]) -> int:
         """Append from inside a job already running on the writer thread."""
@@ -355,113 +306,44 @@ class Appender:
         ((_, first, _),) = self._commit([Pending(pieces, None, sum(p.nbytes for p in pieces))])
         return first
 
-    def _fits(self, pieces: list, piece) -> bool:
-        """Can `piece` join the frame of `pieces`? Only a piece of the same kind
-        (Piece, or columnar EncodedRows) under the same transaction, within the bounds,
-        and neither stamped: a stamp describes its frame's records and no others."""
-        if piece.txn_id != pieces[0].txn_id or type(piece) is not type(pieces[0]):
-            return False
-        if piece.producer is not None or pieces[0].producer is not None:
-            return False
-        count = sum(p.record_count for p in pieces) + piece.record_count
-        size = sum(p.nbytes for p in pieces) + piece.nbytes
-        return count <= self.config.batch_records_max and size <= self.config.frame_bytes_max // 2
-
-    def _emit(self, pieces: list, offset: int, hwm, frames: list):
-        """Encode pieces as one frame; append (bytes, base, values, hwm_before, ...) to
-        `frames`; return the next offset and running max."""
-        txn_id, producer = pieces[0].txn_id, pieces[0].producer
-        assert producer is None or len(pieces) == 1
-        if isinstance(pieces[0], EncodedRows):
-            # Columns: the parts are copied once, straight into the frame, whose
-            # payload is then the raw payload too (compressed only if that pays).
-            count, min_ts, max_ts = _encoded_bounds(pieces)
-            data = encode_frame_from_parts(base_offset=offset, record_count=count,
-                                           min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                                           txn_id=txn_id, flags=0,
-                                           parts=encoded_parts(pieces), producer=producer)
-            raw, flags, data_max_ts, kinds, value_at = (
-                memoryview(data)[payload_start(data):], 0, max_ts, None, None)
-            stored = self._maybe_compress(raw)
-        else:
-            raw, flags, count, min_ts, max_ts, data_max_ts, kinds, value_at = (
-                _list_payload(pieces))
-            stored = self._maybe_compress(raw)
-            data = None
-        if data is None or stored is not raw:
-            stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
-            data = encode_frame(base_offset=offset, record_count=count,
-                                min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                                txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
-                                payload=stored, producer=producer)
-            assert len(data) == payload_start(data) + len(stored)
-        if producer is not None:
-            flags |= FLAG_HAS_PRODUCER  # as decode_frame gives it to readers of the tail
-        # control records never move the high-water mark (payload.py)
-        hwm_after = advance_hwm(hwm, data_max_ts)
-        events = frame_events(pieces[0].txn_id, offset, kinds, value_at)
-        frames.append((data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
-                       pieces[0].txn_id, events, producer))
-        return offset + count, hwm_after
-
-    def _maybe_compress(self, raw: bytes) -> bytes:
-        mode = self.config.compression
-        if mode is Compression.NONE or len(raw) < 512:
-            return raw
-        if mode is Compression.AUTO and self._zstd_skip > 0:
-            self._zstd_skip -= 1
-            return raw
-        packed = compress(raw, self._compressor)
-        if packed is None:
-            self._zstd_skip = 32  # it did not pay; try again a few dozen frames later
-            return raw
-        return packed
-
     def _sync_interval(self) -> None:
-        self.partition.sync_active()
+        sync_active(self.partition)
         self._dirty = False
         self._last_fsync = self.partition.clock.monotonic_s()
         self.stats["fsyncs"] += 1
 
-
-def _list_payload(pieces: list[Piece]):
-    """(raw payload, flags, record count, min and max timestamp, largest data-record
-    timestamp or None, kinds, value getter) of list pieces merged into one frame."""
-    if len(pieces) == 1:
-        p = pieces[0]
-        timestamps, keys, values, kinds, headers = (p.timestamps_us, p.keys, p.values,
-                                                    p.kinds, p.headers)
-    else:
-        timestamps = [t for p in pieces for t in p.timestamps_us]
-        keys = [k for p in pieces for k in p.keys]
-        values = [v for p in pieces for v in p.values]
-        kinds = _merge_optional(pieces, "kinds", 0)
-        headers = _merge_optional(pieces, "headers", ())
-    raw, flags = encode_payload(timestamps, keys, values, kinds, headers)
-    ts = np.asarray(timestamps, dtype=np.int64)
-    min_ts, max_ts = int(ts.min()), int(ts.max())
-    data_max_ts = max_ts
-    if kinds is not None:
-        latest = int(data_timestamps(ts, np.asarray(kinds, dtype=np.uint8)).max())
-        data_max_ts = None if latest == NO_TIME else latest
-    return raw, flags, len(values), min_ts, max_ts, data_max_ts, kinds, values.__getitem__
+    def _sync_at_close(self) -> None:
+        if self.partition.state.segments:
+            sync_active(self.partition)
+        self.partition.index.sync()
 
 
-def _encoded_bounds(pieces: list[EncodedRows]) -> tuple[int, int, int]:
-    """(record count, min and max timestamp) of columnar pieces (all data records)."""
-    count = sum(p.record_count for p in pieces)
-    return (count, min(p.min_timestamp_us for p in pieces),
-            max(p.max_timestamp_us for p in pieces))
+def roll_if_due(part, incoming_bytes: int) -> None:
+    """Writer, under the commit lock: seal the active segment and start the next one
+    when `incoming_bytes` would make it too big, or it is too old."""
+    state, config = part.state, part.config
+    segment = state.segments.active
+    if segment.size_bytes == 0:
+        return
+    too_big = segment.size_bytes + incoming_bytes > config.segment_bytes_max
+    too_old = part.clock.monotonic_s() - segment.created_monotonic > config.segment_age_max_s
+    if not (too_big or too_old):
+        return
+    segment.fsync()  # a sealed segment is always durable, whatever the policy
+    segment.seal(part.clock.wall_us(), state.end_offset)
+    new = Segment(part.fileio, part.directory, state.end_offset, writable=True, create=True,
+                  clock=part.clock)
+    part.fileio.fsync_dir(part.directory)
+    part.publish(segments=state.segments.rolled(new), active_position=0)
+    part.index.set_recovery_point(recovery_point(part.state))
 
 
-def _merge_optional(pieces: list[Piece], name: str, default):
-    if all(getattr(p, name) is None for p in pieces):
-        return None
-    out = []
-    for p in pieces:
-        column = getattr(p, name)
-        out.extend(column if column is not None else [default] * len(p.values))
-    return out
+def sync_active(part) -> None:
+    """fsync the active segment and record the recovery point (policy `interval`, and
+    at close)."""
+    with part.exclusive:
+        part.state.segments.active.fsync()
+        part.index.set_recovery_point(recovery_point(part.state))
 
 
 def _wake(future: asyncio.Future) -> None:

@@ -13,7 +13,7 @@ already. Pieces are cut by a cumulative sum of record sizes and `np.searchsorted
 the one loop is per frame, not per record, and it cuts exactly where log._cut would.
 
 The one per-record step left: when keys choose the partition of a multi-partition
-stream (no `partition=`), each key is hashed with xxh3 (log.partition_for_key), which
+stream (no `partition=`), each key is hashed with xxh3 (append.partition_for_key), which
 has no vectorised form here; the keys become Python bytes and are hashed with a C-level
 `map`. Pass `partition=` (or use a one-partition stream) and nothing is per record.
 
@@ -276,7 +276,7 @@ def _check_sizes(values: pa.Array, keys: pa.Array | None, limit: int) -> None:
 
 def partition_numbers(rows: Rows, count: int, next_robin: int) -> tuple[np.ndarray, int]:
     """Each row's partition as log._assign picks it: a key's xxh3 modulo `count`
-    (log.partition_for_key), and round robin from `next_robin` for rows without a
+    (append.partition_for_key), and round robin from `next_robin` for rows without a
     key. Returns (numbers, the next round-robin position)."""
     assert count >= 1
     n = len(rows)

@@ -78,26 +78,50 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     `kinds` None means all DATA; `headers` None means no record has headers. The caller
     has validated types and sizes (validate.records).
     """
+    payload, flags, _ = encode_payload_columns(timestamps_us, keys, values, kinds, headers)
+    return payload, flags
+
+
+def encode_payload_columns(timestamps_us, keys, values, kinds=None, headers=None, *,
+                           base_offset: int = 0, txn_id: int = 0,
+                           producer: ProducerStamp | None = None):
+    """encode_payload, and the payload's Columns as a reader would decode them (the
+    arrays the payload was made from, and views of its blobs), for a frame at
+    `base_offset`: the writer hands them to the live tail without decoding what it has
+    just encoded. Returns (payload, flags, columns)."""
     n = len(values)
     assert n >= 1
     assert len(keys) == n and len(timestamps_us) == n
     flags = 0
-    parts = [np.asarray(timestamps_us, dtype="<i8").tobytes(),
-             _key_lengths(keys, n).tobytes(),
-             np.fromiter(map(len, values), "<i4", n).tobytes()]
-    header_blobs = None
+    timestamps = np.asarray(timestamps_us, dtype="<i8")
+    key_lengths = _key_lengths(keys, n)
+    value_lengths = np.fromiter(map(len, values), "<i4", n)
+    parts = [timestamps.tobytes(), key_lengths.tobytes(), value_lengths.tobytes()]
+    header_blobs = header_lengths = kind_column = None
     if headers is not None and any(headers):
         flags |= FLAG_HAS_HEADERS
         header_blobs = [encode_headers(h) for h in headers]
-        parts.append(np.fromiter(map(len, header_blobs), "<i4", n).tobytes())
+        header_lengths = np.fromiter(map(len, header_blobs), "<i4", n)
+        parts.append(header_lengths.tobytes())
     if kinds is not None and any(kinds):
         flags |= FLAG_HAS_CONTROL
-        parts.append(np.asarray(kinds, dtype="u1").tobytes())
-    parts.append(b"".join(filter(None, keys)))  # skips None and b"" at C speed
-    parts.append(b"".join(values))
+        kind_column = np.asarray(kinds, dtype="u1")
+        parts.append(kind_column.tobytes())
+    fixed = sum(map(len, parts))
+    key_blob = b"".join(filter(None, keys))  # skips None and b"" at C speed
+    value_blob = b"".join(values)
+    parts += [key_blob, value_blob]
     if header_blobs is not None:
         parts.append(b"".join(header_blobs))
-    return b"".join(parts), flags
+    payload = b"".join(parts)
+    view = memoryview(payload)
+    values_at = fixed + len(key_blob)
+    headers_at = values_at + len(value_blob)
+    columns = Columns(base_offset, timestamps, kind_column, key_lengths, value_lengths,
+                      header_lengths, view[fixed:values_at], view[values_at:headers_at],
+                      view[headers_at:] if header_blobs is not None else None, txn_id, view,
+                      producer)
+    return payload, flags, columns
 
 
 @dataclasses.dataclass(slots=True)

@@ -5,13 +5,13 @@ validate.py, so the errors are append_sync's), picks its partition and adds it t
 partition's open batch: four list appends under one lock, and a small handle back. A
 batch closes when it reaches `batch_records` or `batch_bytes`, when it has been open
 `linger_ms`, on flush()/close(), or when a sender waits for buffer space. One background
-thread hands closed batches, in the order they closed, to the partition's Appender as
-one Piece each (appender.py: one frame, and with everything else queued one write and
-one fsync). So a million single sends cost a few hundred appends, not a million, and
-no asyncio task or thread exists per record.
+thread hands closed batches, in the order they closed, to the log's one door for
+appends (Log.submit_then, append.py) as one Piece each (appender.py: one frame, and
+with everything else queued one write and one fsync). So a million single sends cost a
+few hundred appends, not a million, and no asyncio task or thread exists per record.
 
 A batch is its own Waiter (appender.resolve_waiters stores the first offset or the
-error on it, then calls `event.set()`, which here is `_Batch.set`): the writer thread
+error on it, then calls `event.set()`, which here is `Batch.set`): the writer thread
 resolves every handle of the batch at once, frees its buffer space and wakes whoever
 waits, per batch, never per record. A handle's RecordPosition is built only when
 asked for.
@@ -30,9 +30,8 @@ flush_async and aclose from any event loop. Done-callbacks run on the log's writ
 thread: keep them short, and never send() or flush() from one (either could wait for
 that very thread).
 
-Why ~600 lines: the handle, the batch and the producer are one mechanism (the batch is
-the appender's waiter and the handles' shared state, under the producer's lock); the
-send path is written out inline because each call on it costs a few percent.
+The batch and the handles are in producer_batch.py; the send path is written out
+inline because each call on it costs a few percent.
 """
 
 from __future__ import annotations
@@ -45,145 +44,22 @@ import threading
 import time
 
 from . import validate
-from .appender import Pending, Piece, resolve_on_loops
+from .append import Submission, partition_for_key
+from .appender import resolve_on_loops
+from .encoder import Piece
 from .errors import (BufferFull, InvalidAppend, InvalidArgument, LogClosed, ProducerTimeout,
                      ReadOnlyLog, StreamLogError)
 from .config import LogConfig
-from .log import Log, partition_for_key
-from .records import RECORD_OVERHEAD_BYTES, RecordPosition
+from .producer_batch import Batch, RecordFuture, add_headers, call_back
+from .records import RECORD_OVERHEAD_BYTES
 
 log = logging.getLogger("streamlog.producer")
 
 _INT64_MIN, _INT64_MAX = validate.INT64_MIN, validate.INT64_MAX
-# Per-record overhead the appender counts beside key and value bytes (log._cut).
 # How often the background thread looks whether the log was closed under the producer
 # (its open batches then fail with LogClosed instead of waiting out their linger).
 _LOG_CHECK_S = 0.2
 _NO_SPACE = object()  # _accept's answer to a non-blocking send when the buffer is full
-
-
-class RecordFuture(tuple):
-    """Where one sent record landed, once the log has acknowledged it (durable under
-    fsync="always"). The concurrent.futures.Future methods that make sense for a
-    record already sent (it cannot be cancelled), and awaitable from asyncio code.
-
-    A (batch, index) tuple underneath: built by tuple's C constructor, since one is
-    made per send and a Python __init__ would cost a tenth of the send.
-    """
-
-    __slots__ = ()
-
-    def done(self) -> bool:
-        return self[0].done
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return not self[0].done
-
-    def cancel(self) -> bool:
-        return False  # a record handed to send() is written or failed, never withdrawn
-
-    def result(self, timeout: float | None = None) -> RecordPosition:
-        """Block until acknowledged; return RecordPosition(partition, offset).
-
-        Raises:
-            TimeoutError when `timeout` seconds pass first; the record's error
-            (InvalidAppend, PartitionFailed, LogClosed, ...) when it failed.
-        """
-        batch = self._wait(timeout)
-        if batch.error is not None:
-            raise batch.error
-        return RecordPosition(batch.partition, batch.result + self[1])
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._wait(timeout).error
-
-    def add_done_callback(self, fn) -> None:
-        """Call fn(self) once resolved: at once when it is, else on the writer thread."""
-        if not self[0].watch(None, (fn, self)):
-            _call_back(fn, self)
-
-    def _wait(self, timeout: float | None) -> "_Batch":
-        batch = self[0]
-        if not batch.done and not batch.finished.wait(timeout):
-            raise TimeoutError(f"record not acknowledged within {timeout} s")
-        return batch
-
-    def __await__(self):
-        batch = self[0]
-        if not batch.done:
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            if batch.watch(loop, future):
-                # shield: one awaiter cancelled must not cancel the wake-up of the others
-                yield from asyncio.shield(future).__await__()
-        return self.result(0)
-
-    def __iter__(self):
-        # `partition, offset = producer.send(...)` must not unpack (batch, index)
-        raise TypeError("a RecordFuture is not a RecordPosition: call .result() (or await "
-                        "it) for (partition, offset)")
-
-    def __repr__(self) -> str:
-        batch = self[0]
-        state = "pending" if not batch.done else (
-            f"error={batch.error!r}" if batch.error else "done")
-        return f"<RecordFuture partition={batch.partition} {state}>"
-
-
-class _Batch:
-    """Records bound for one partition, handed to the appender as one Piece, and the
-    Waiter the appender resolves (`loop`, `future`, `result`, `error`, `event`)."""
-
-    __slots__ = ("owner", "partition", "timestamps_us", "keys", "values", "headers", "nbytes",
-                 "opened_s", "done", "finished", "watchers", "loop", "future", "result",
-                 "error")
-
-    def __init__(self, owner: "Producer | None", partition: int, opened_s: float) -> None:
-        self.owner = owner
-        self.partition = partition
-        self.timestamps_us: list = []
-        self.keys: list = []
-        self.values: list = []
-        self.headers: list | None = None  # None until a record of the batch has headers
-        self.nbytes = 0
-        self.opened_s = opened_s
-        self.done = False
-        self.finished = threading.Event()
-        self.watchers: list | None = None  # (loop or None, future or (fn, handle))
-        self.loop = None  # a sync waiter to resolve_waiters: result/error, then event.set()
-        self.future = None
-        self.result: int | None = None  # first offset
-        self.error: BaseException | None = None
-
-    @property
-    def event(self) -> "_Batch":
-        """The waiter's event is the batch itself (a property, not a slot: a batch
-        that referred to itself would wait for the cyclic collector to be freed)."""
-        return self
-
-    def set(self) -> None:
-        """Called by appender.resolve_waiters once result or error is stored."""
-        self.owner._finish(self)
-
-    def resolve(self, first_offset: int | None, error: BaseException | None) -> None:
-        """A daemon's client appended the batch (RemoteLog.send_batch), or failed to."""
-        self.result, self.error = first_offset, error
-        self.owner._finish(self)
-
-    def watch(self, loop, item) -> bool:
-        """Register a wake-up for when the batch resolves; False when it already has."""
-        if self.done:  # a rejected record's batch has no owner, and is done
-            return False
-        with self.owner._lock:
-            if self.done:
-                return False
-            if self.watchers is None:
-                self.watchers = []
-            self.watchers.append((loop, item))
-            return True
 
 
 class Producer:
@@ -213,7 +89,7 @@ class Producer:
     def __init__(self, log, stream: str, *, linger_ms: float = 5.0, batch_records: int = 4096,
                  batch_bytes: int = 1 << 20, buffer_bytes: int = 32 << 20,
                  block_ms_max: float = 60_000.0, partitioner=None) -> None:
-        local = isinstance(log, Log)
+        local = callable(getattr(log, "submit_then", None))  # a local Log
         if not local and not hasattr(log, "send_batch"):
             raise InvalidArgument(f"a Producer writes to a log from open_log(), "
                                   f"not a {type(log).__name__}")
@@ -242,9 +118,9 @@ class Producer:
         self._wake = threading.Condition(self._lock)  # the background thread
         self._space_waiting = 0
         self._space_async: list = []  # (loop, future) of send_async waiting for space
-        self._open: dict[int, _Batch] = {}  # partition -> open batch, oldest first
-        self._ready: collections.deque[_Batch] = collections.deque()  # closed, to submit
-        self._unresolved: dict[_Batch, None] = {}  # every batch not yet resolved
+        self._open: dict[int, Batch] = {}  # partition -> open batch, oldest first
+        self._ready: collections.deque[Batch] = collections.deque()  # closed, to submit
+        self._unresolved: dict[Batch, None] = {}  # every batch not yet resolved
         self._buffered = 0  # bytes of records sent and not yet resolved
         self._sticky = 0
         self._closing = False
@@ -326,7 +202,7 @@ class Producer:
             batch.keys.append(key)
             batch.timestamps_us.append(timestamp_us)
             if headers or batch.headers is not None:
-                _add_headers(batch, index, headers)
+                add_headers(batch, index, headers)
             batch.nbytes += size
             self._buffered += size
             if index >= self._last_index:
@@ -374,7 +250,7 @@ class Producer:
 
     def _reject(self, error: InvalidAppend) -> RecordFuture:
         """A handle that already holds the record's error."""
-        batch = _Batch(None, -1, 0.0)
+        batch = Batch(None, -1, 0.0)
         batch.error, batch.done = error, True
         batch.finished.set()
         with self._lock:
@@ -389,7 +265,7 @@ class Producer:
 
     # -- batches (under _lock) ----------------------------------------------------------
 
-    def _batch_for_locked(self, number: int, size: int) -> _Batch:
+    def _batch_for_locked(self, number: int, size: int) -> Batch:
         """The open batch a record of `size` bytes joins (number -1: the sticky
         partition's), closing a batch it would overflow; a new one when none is open."""
         for _ in range(self._count + 1):  # each turn closes a batch, and they are <= count
@@ -402,18 +278,18 @@ class Producer:
             self._close_locked(batch)  # full: a keyless record moves on with the sticky
         raise AssertionError("unreachable: every open batch was closed")  # pragma: no cover
 
-    def _new_batch_locked(self, number: int) -> _Batch:
+    def _new_batch_locked(self, number: int) -> Batch:
         assert number not in self._open
         if self._log.closed:  # checked per batch; a record joining one fails in it
             raise LogClosed(f"the log at {self._log.path} is closed")
-        batch = _Batch(self, number, time.monotonic())
+        batch = Batch(self, number, time.monotonic(), self._lock)
         self._open[number] = batch
         self._unresolved[batch] = None
         if len(self._open) == 1:
             self._wake.notify()  # the background thread may be waiting with no deadline
         return batch
 
-    def _close_locked(self, batch: _Batch) -> None:
+    def _close_locked(self, batch: Batch) -> None:
         """Move an open batch to the queue the background thread submits from."""
         assert self._open.get(batch.partition) is batch
         del self._open[batch.partition]
@@ -471,7 +347,7 @@ class Producer:
             for batch in batches:
                 self._submit(batch)
 
-    def _due_locked(self) -> list[_Batch]:
+    def _due_locked(self) -> list[Batch]:
         if self._closing or self._log.closed:
             self._close_all_locked()
         else:
@@ -495,7 +371,7 @@ class Producer:
                                          - time.monotonic()))
         return _LOG_CHECK_S
 
-    def _submit(self, batch: _Batch) -> None:
+    def _submit(self, batch: Batch) -> None:
         """Queue a batch at its partition's appender (which blocks only while the log's
         in-flight window is full); a refusal fails the batch, never drops it."""
         if self._remote is not None:
@@ -505,18 +381,14 @@ class Producer:
         piece = Piece(batch.timestamps_us, batch.keys, batch.values, None, batch.headers,
                       batch.nbytes, 0)
         try:
-            # (the core's append path: the Log's own Partition and its writer)
-            appender = self._log._partition(self.stream, batch.partition).appender
-            if appender is None:
-                raise ReadOnlyLog("the log was opened read-only")
-            appender.submit(Pending([piece], batch, batch.nbytes))
+            self._log.submit_then(Submission(self.stream, {batch.partition: [piece]}), batch)
         except Exception as error:  # noqa: BLE001 - handed to every record of the batch
             if not isinstance(error, StreamLogError):
                 log.exception("producer of %s: submitting a batch failed", self.stream)
             batch.result, batch.error = None, error
             batch.set()
 
-    def _finish(self, batch: _Batch) -> None:
+    def finish_batch(self, batch: Batch) -> None:
         """A batch was resolved (on the writer thread): free its space, wake waiters.
         Never raises: an exception here would stop the partition's writer thread."""
         try:
@@ -536,7 +408,7 @@ class Producer:
                         + [(loop, item) for loop, item in watchers or () if loop is not None])
             for loop, item in watchers or ():
                 if loop is None:
-                    _call_back(*item)
+                    call_back(*item)
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("producer of %s: resolving a batch failed", self.stream)
 
@@ -598,14 +470,6 @@ class Producer:
         await self.aclose()
 
 
-def _add_headers(batch: _Batch, index: int, headers) -> None:
-    """Headers of record `index` of a batch: the column exists from the first record
-    that has some (earlier ones get none)."""
-    if batch.headers is None:
-        batch.headers = [()] * index
-    batch.headers.append(headers or ())
-
-
 def _check_options(config, linger_ms, batch_records, batch_bytes, buffer_bytes,
                    block_ms_max, partitioner) -> None:
     def number(name, value, low):
@@ -628,13 +492,6 @@ def _check_options(config, linger_ms, batch_records, batch_bytes, buffer_bytes,
 
 def _wall_us() -> int:
     return time.time_ns() // 1000
-
-
-def _call_back(fn, handle) -> None:
-    try:
-        fn(handle)
-    except Exception:  # noqa: BLE001 - as concurrent.futures: logged, not raised
-        log.exception("producer: a done-callback raised")
 
 
 def _wake_loops(items) -> None:

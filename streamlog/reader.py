@@ -36,6 +36,8 @@ import numpy as np
 from .errors import CorruptFrame, CorruptSegment, LogClosed, OffsetOutOfRange
 from .payload import Columns, columns_to_records, decode_columns, running_max
 from .records import RecordKind
+from .state import lowest_cut_since
+from .waits import poll_interval
 from .txn import TxnState
 
 _tokens = itertools.count(1)
@@ -54,7 +56,7 @@ class Reader:
         """`reopen(partition)`: a view's Log gives it; it returns the partition as the
         view has it now, opened again when the given one is stale (see the module
         docstring). None for a writable log, whose partitions are never replaced."""
-        partition.check_offset(start_offset)
+        partition.view().check_offset(start_offset)
         self.partition = partition
         self.stream = stream
         self.next_offset = start_offset
@@ -63,7 +65,7 @@ class Reader:
         # Still to be reached by the high-water mark (a follower that started at the end
         # skips records whose running max is below it); None once reached.
         self.start_timestamp_us = start_timestamp_us
-        self._truncations_seen = len(partition.truncations)
+        self._generation = partition.state.generation
         self.follow = follow
         self.data_only = data_only
         self.read_committed = read_committed
@@ -147,7 +149,7 @@ class Reader:
         Raises LogClosed when the log was closed, OffsetOutOfRange when a view's
         partition was truncated under what this reader passed."""
         partition = self.partition
-        if not partition.ring.wait(self._wait_offset(), timeout=_poll_s(partition)):
+        if not partition.ring.wait(self._wait_offset(), timeout=poll_interval(partition)):
             partition.poll()
         if partition.closed or partition.stale:
             self._go_on_reopened()
@@ -156,7 +158,7 @@ class Reader:
         """`wait` for an event loop."""
         import asyncio
         partition = self.partition
-        if not await partition.ring.wait_async(self._wait_offset(), _poll_s(partition)):
+        if not await partition.ring.wait_async(self._wait_offset(), poll_interval(partition)):
             # (a view's look is a memory read when no writer has been here)
             if not partition.readonly or partition.lock.moved() or (
                     partition.lock.handle is None):
@@ -177,7 +179,7 @@ class Reader:
         new.hold(self._token, self.next_offset)
         self._finalizer = weakref.finalize(self, new.release, self._token)
         self.partition = new
-        self._truncations_seen = len(new.truncations)
+        self._generation = new.state.generation
         self._forget_txns()
         self._check_passed_still_there(new)
 
@@ -186,14 +188,14 @@ class Reader:
         reader's position, as `_check_truncated` says in a writer's process. The cut
         itself is not known here (the writer may have appended past it again), so the
         last record this reader went past is looked at where it was."""
-        if partition.next_offset < self.next_offset:
+        if partition.end_offset < self.next_offset:
             raise OffsetOutOfRange(
-                f"{partition.name} was truncated to end at offset {partition.next_offset}"
+                f"{partition.name} was truncated to end at offset {partition.end_offset}"
                 f", before this reader's position {self.next_offset}")
         if self._passed is None or self._passed[0] < partition.start_offset:
             return  # nothing passed yet, or retention removed it (it was not cut)
         offset, base, timestamp_us, value_bytes, txn_id = self._passed
-        _, columns = partition.batch_holding(offset)
+        _, columns = partition.view().batch_holding(offset)
         row = offset - columns.base_offset
         assert 0 <= row < len(columns)
         if (columns.base_offset, int(columns.timestamps_us[row]),
@@ -243,17 +245,18 @@ class Reader:
     def _check_damage(self) -> None:
         """A read-only open that found damaged acknowledged data ends the partition
         there; a reader that gets there raises it rather than stopping quietly."""
-        damage = self.partition.damage
+        damage = self.partition.state.damage
         if damage is not None and self.next_offset >= damage[0] and (
                 self.stop_offset is None or self.stop_offset > damage[0]):
             raise damage[1]
 
     def _check_truncated(self) -> None:
         partition = self.partition
-        if len(partition.truncations) == self._truncations_seen:
+        state = partition.state
+        if state.generation == self._generation:
             return
-        cut = min(partition.truncations[self._truncations_seen:])
-        self._truncations_seen = len(partition.truncations)
+        cut = lowest_cut_since(state, self._generation)
+        self._generation = state.generation
         self._forget_txns()  # transactions may have been reopened by the cut
         if self.next_offset > cut:
             raise OffsetOutOfRange(f"{partition.name} was truncated to end at offset {cut}, "
@@ -265,7 +268,7 @@ class Reader:
             self._check_truncated()
             if self.stop_offset is not None and self.next_offset >= self.stop_offset:
                 break
-            if self.next_offset >= partition.next_offset:
+            if self.next_offset >= partition.end_offset:
                 self._check_damage()
                 if not self.follow or partition.closed:
                     break
@@ -274,24 +277,24 @@ class Reader:
             if self._blocked_at is not None:
                 if not self.follow:
                     break
-                if partition.next_offset <= self._blocked_at:
+                if partition.end_offset <= self._blocked_at:
                     yield WAIT
                     continue
                 self._blocked_at, self._txn_states = None, {}
             if self.read_committed:
-                end = partition.next_offset
+                end = partition.end_offset
                 if self._stable_at != end:  # it moves only with appends (and truncates)
-                    self._stable, self._stable_at = partition.last_stable_offset(), end
+                    self._stable, self._stable_at = partition.view().last_stable_offset(), end
                 if self.next_offset >= self._stable:  # an open transaction starts here
-                    self._blocked_at = partition.next_offset
+                    self._blocked_at = partition.end_offset
                     continue
             found = partition.ring.find(self.next_offset)
             if found is not None:
                 base, columns, hwm_before = found
                 yield from self._visible(columns, hwm_before)
                 continue
-            for frame in partition.disk_frames(self.next_offset):
-                if len(partition.truncations) != self._truncations_seen:
+            for frame in partition.view().disk_frames(self.next_offset):
+                if partition.state.generation != self._generation:
                     break  # the chunk this frame came from may be older than the cut
                 if frame.next_offset <= self.next_offset:
                     continue
@@ -313,7 +316,7 @@ class Reader:
             return
         state = self._txn_states.get(txn_id)
         if state is None:
-            state = self._txn_states[txn_id] = self.partition.txn_state(
+            state = self._txn_states[txn_id] = self.partition.view().txn_state(
                 txn_id, seen_at=columns.base_offset)
         if state is TxnState.COMMITTED:
             yield from self._emit(columns, hwm_before)
@@ -324,12 +327,12 @@ class Reader:
                 self.next_offset = min(self.next_offset, self.stop_offset)
             self._note_passed(columns)
         else:
-            self._blocked_at = self.partition.next_offset
+            self._blocked_at = self.partition.end_offset
 
     def _emit(self, columns: Columns, hwm_before):
         base = columns.base_offset
         lo = self.next_offset - base
-        hi = min(len(columns), self.partition.next_offset - base)
+        hi = min(len(columns), self.partition.end_offset - base)
         if self._stable is not None:
             hi = min(hi, self._stable - base)
         if self.stop_offset is not None:
@@ -364,14 +367,7 @@ class Reader:
             return hwm_before
         if self._hwm_known:
             return self._hwm
-        return self.partition.hwm_before_offset(columns.base_offset)
-
-
-def _poll_s(partition) -> float:
-    """How long a follower waits at the end before it asks for other processes'
-    appends: a view's look is cheap (config.view_poll_s)."""
-    config = partition.config
-    return config.view_poll_s if partition.readonly else config.follow_poll_s
+        return self.partition.view().hwm_before_offset(columns.base_offset)
 
 
 def is_data(kind: int) -> bool:
@@ -383,5 +379,5 @@ def _decode(partition, frame) -> Columns:
     try:
         return decode_columns(frame)
     except CorruptFrame as error:
-        segment = partition.segment_holding(frame.base_offset)
+        segment = partition.state.segments.holding(frame.base_offset)
         raise CorruptSegment(segment.path, frame.position, error.reason) from None

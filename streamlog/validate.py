@@ -2,7 +2,7 @@
 
 Strategy: each function takes one column (or one item) and either returns it in the
 form the writer wants or raises InvalidAppend with a sentence naming the record. Plain
-functions, no I/O, so both `log.py` and `wire/client.py` give the same errors.
+functions, no I/O, so both the log (append.py) and `wire/client.py` give the same errors.
 """
 
 from __future__ import annotations

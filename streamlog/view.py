@@ -2,8 +2,8 @@
 by time, deriving transaction states.
 
 Strategy: the partition's writer thread owns its state and publishes it as an immutable
-`Snapshot` (offsets, high-water marks, segments) after every change; a `View` reads
-with one snapshot and the index, so a read never sees half of a change (a segment set
+value (state.py: offsets, high-water marks, segments) after every change; a `View` reads
+with one such snapshot and the index, so a read never sees half of a change (a segment set
 without the offsets that go with it). The index is a cache: every entry it gives is
 checked against the frame it names, and when it cannot say (damaged, or it lacks the
 entry) the segments are walked instead (walk.py), never trusted blindly.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import NamedTuple
 
 import numpy as np
 
@@ -27,26 +26,16 @@ from .payload import (Columns, advance_hwm, columns_to_records, decode_columns, 
                       running_max)
 from .records import RecordKind
 from .segment import Segment
-from .segments import Segments
+from .state import PartitionState
 from .txn import TxnState, decode_begin, decode_commit, decode_epoch, producer_tag
 
 log = logging.getLogger("streamlog.partition")
 
 
-class Snapshot(NamedTuple):
-    """A partition's state as readers see it, replaced (never changed) by its writer."""
-
-    start_offset: int
-    end_offset: int  # the next offset to be written: the acknowledged end
-    hwm_us: int | None  # running max timestamp of every record (None: none yet)
-    start_hwm_us: int | None  # ... of the records retention removed (None: none removed)
-    segments: Segments
-
-
 class View:
     """Reads of one partition as of `snapshot` (see the module docstring)."""
 
-    def __init__(self, snapshot: Snapshot, index: Index, name: str, chunk_bytes: int) -> None:
+    def __init__(self, snapshot: PartitionState, index: Index, name: str, chunk_bytes: int) -> None:
         self.snapshot = snapshot
         self.index = index
         self.name = name

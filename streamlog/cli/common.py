@@ -21,7 +21,7 @@ import sys
 
 from .. import layout
 from ..config import LogConfig
-from ..log import open_log
+from ..connect import open_log
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_DAEMON = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141

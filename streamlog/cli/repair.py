@@ -50,7 +50,8 @@ def add(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..log import open_log, take_writer_lock
+    from ..directory import take_writer_lock
+    from ..connect import open_log
     path = existing_log(local_path(args.log, "repair"))
     try:
         lock = None if args.dry_run else take_writer_lock(path)

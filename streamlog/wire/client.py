@@ -192,7 +192,7 @@ class RemoteLog(_TableMethods):
     def producer(self, stream: str, **options):
         """A Producer of `stream` (producer.py) through the daemon: records sent one at a
         time, sent as one APPEND per batch, several batches in flight."""
-        from .. import Producer
+        from ..producer import Producer
         return Producer(self, stream, **options)
 
     def send_batch(self, stream: str, partition: int, timestamps_us, keys, values, headers,

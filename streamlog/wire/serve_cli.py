@@ -262,7 +262,7 @@ async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):
 
 
 def _open_log(args: argparse.Namespace, metrics: Metrics):
-    from ..log import open_log
+    from ..connect import open_log
     log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                    fileio=TimedFileIO(metrics.fsync_seconds),
                    scrub_interval_s=args.scrub_interval_s)

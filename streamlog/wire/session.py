@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..appender import Piece
+from ..encoder import Piece
 from ..errors import StreamLogError
 from ..payload import EncodedRows
 from ..records import RECORD_OVERHEAD_BYTES, AppendResult, RecordKind

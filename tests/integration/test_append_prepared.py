@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import streamlog
-from streamlog.appender import Piece
+from streamlog.encoder import Piece
 from streamlog.payload import EncodedRows
 from streamlog.records import RecordKind
 

@@ -304,7 +304,7 @@ def test_6_repair_moves_the_damage_aside_and_says_what_it_cut(tmp_path, capsys):
 def test_writer_alive_follows_the_writer_lock(tmp_path):
     """Readers probe an unsealed index only when no writer is alive: the lock is read
     from /proc/locks, never taken."""
-    from streamlog.log import writer_alive
+    from streamlog.directory import writer_alive
     path = str(tmp_path / "log")
     assert not writer_alive(path)  # no log, no LOCK file
     log = streamlog.open_log(path)

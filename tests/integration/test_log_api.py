@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from streamlog.view import View
+
 import streamlog
 from streamlog import (InvalidAppend, InvalidArgument, LogClosed, OffsetOutOfRange,
                        ReadOnlyLog, RecordKind, StreamLogError, UnknownStream)
@@ -641,13 +643,14 @@ def test_slow_follower_falls_back_to_disk_and_receives_everything(log_dir, open_
     log.create_stream(STREAM)
     partition = log._partition(STREAM, 0)
     disk_reads = []
-    original = partition.disk_frames
+    original = View.disk_frames
 
-    def counting(offset):
-        disk_reads.append(offset)
-        return original(offset)
+    def counting(view, offset):
+        if view.name == partition.name:
+            disk_reads.append(offset)
+        return original(view, offset)
 
-    monkeypatch.setattr(partition, "disk_frames", counting)
+    monkeypatch.setattr(View, "disk_frames", counting)
     batches, per_batch = 60, 5
     total = batches * per_batch
     follower = SyncFollower(log, from_offset=0, to_offset=total, delay_s=0.002)

@@ -1108,10 +1108,13 @@ def test_crash_at_each_step_of_a_segment_roll(tmp_path):
     big = random.Random(41).randbytes(max(8192 - size + 1, 1))
     steps = steps_of(path, lambda log: log.append_sync(STREAM, big), segment_bytes_max=8192)
     # fsync the full segment; write its seal (temp file, fsync, rename, fsync the
-    # directory); create the next segment; write and fsync the append.
+    # directory); create the next segment; unseal the index before its first write of
+    # this open (remove index.seal, fsync the directory: the index's seal and wipe go
+    # through the partition's FileIO); write and fsync the append.
     assert [op for _, op, _ in steps] == ["fsync", "create", "truncate", "pwrite", "fsync",
                                           "rename", "fsync_dir", "create", "fsync_dir",
-                                          "pwrite", "fsync"], steps
+                                          "unlink", "fsync_dir", "pwrite", "fsync"], steps
+    assert os.path.basename(steps[9][2]) == "index.seal"
     for number, mode in itertools.product(range(1, len(steps) + 1), MODES):
         context = f"roll: crash at step {number} {steps[number - 1][1:]} {mode.value}"
         copy = tmp_path / f"{number}-{mode.value}"

@@ -82,7 +82,6 @@ def _known(*kinds: str, bug: str = "") -> Known:
 
 HWM, COMMIT, TXN, STABLE = "high-water-mark", "last-commit", "truncate-open-txn", "stable-offset"
 KNOWN: dict[int, Known] = {
-    0: _known(bug="commit-lost-to-retention-then-truncate"),
     14: _known(bug="commit-lost-to-retention-then-truncate"),
 }
 

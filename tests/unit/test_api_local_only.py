@@ -16,7 +16,9 @@ OBJECT_PROTOCOL = {"__enter__", "__exit__", "__aenter__", "__aexit__"}
 
 
 def _public_methods(cls) -> set[str]:
-    return {name for name, member in vars(cls).items()
+    """Its own and its bases' (a Log is one class written in three modules)."""
+    return {name for klass in cls.__mro__ if klass is not object
+            for name, member in vars(klass).items()
             if callable(member) or isinstance(member, staticmethod)
             if not name.startswith("_")}
 

@@ -4,7 +4,7 @@ hands it a real segment file, with real threads."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import errno
 import os
 import threading
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from streamlog.appender import Appender, Committed, Pending, Piece, Waiter
+from streamlog.appender import Appender, Pending, Waiter
+from streamlog.encoder import Piece
 from streamlog.config import LogConfig
 from streamlog.errors import LogClosed, PartitionFailed
 from streamlog.frame import CODEC_MASK, CODEC_NONE, CODEC_ZSTD, INCOMPLETE, decode_frame
@@ -20,7 +21,10 @@ from streamlog.index import RecoveryPoint
 from streamlog.payload import columns_to_records, decode_columns
 from streamlog.records import RecordKind
 from streamlog.segment import Segment
+from streamlog.segments import Segments
+from streamlog.state import PartitionState
 from streamlog.testing.clock import ManualClock
+from streamlog.testing import MemoryFileIO
 from streamlog.testing.faultfs import FaultFileIO
 from streamlog.txn import TxnState, encode_commit
 
@@ -39,70 +43,119 @@ class CountingClock(ManualClock):
         return super().monotonic_s()
 
 
+@dataclasses.dataclass
+class Commit:
+    """What the fake partition was told of one commit: the index's put, the state the
+    writer published, and the batches handed to the live tail."""
+
+    entries: list
+    recovery: RecoveryPoint | None
+    events: list
+    next_offset: int = 0
+    hwm_us: int | None = None
+    end_position: int = 0
+    published: list = dataclasses.field(default_factory=list)  # (base, Columns, hwm)
+
+    @property
+    def record_count(self) -> int:
+        return sum(entry.record_count for entry in self.entries)
+
+
+class FakeIndex:
+    def __init__(self, partition: "FakePartition") -> None:
+        self.partition = partition
+
+    def put(self, entries, recovery, events) -> None:
+        assert self.partition.locked
+        self.partition.committed.append(Commit(list(entries), recovery, list(events)))
+
+    def set_recovery_point(self, point) -> None:
+        self.partition.events.append("sync_active")
+        if self.partition.sync_error is not None:
+            raise self.partition.sync_error
+
+    def sync(self) -> None:
+        self.partition.events.append("writer_close")
+
+
+class FakeRing:
+    def __init__(self, partition: "FakePartition") -> None:
+        self.partition = partition
+
+    def publish(self, batches, end_offset: int) -> None:
+        assert self.partition.locked
+        commit = self.partition.committed[-1]
+        assert commit.next_offset == end_offset
+        commit.published = list(batches)
+
+
+class FakeExclusive:
+    def __init__(self, partition: "FakePartition") -> None:
+        self.partition = partition
+
+    def __enter__(self) -> None:
+        partition = self.partition
+        partition.entered.set()
+        if partition.gate is not None:
+            assert partition.gate.wait(WAIT_S)
+        assert not partition.locked
+        partition.locked = True
+
+    def __exit__(self, *exc) -> None:
+        self.partition.locked = False
+
+
 class FakePartition:
-    """What the appender sees of a partition: the commit lock, the end to append
-    after, a segment to write to, and what it is told was committed.
+    """What the appender sees of a partition: the commit lock, its state (the end to
+    append after, the segment to write to), and an index and a live tail that record
+    what they are told.
 
-    `gate`: exclusive() sets `entered`, then waits for the gate, so a test can hold
-    the writer thread inside a commit while more appends queue up."""
+    `gate`: entering the lock sets `entered`, then waits for the gate, so a test can
+    hold the writer thread inside a commit while more appends queue up."""
 
-    def __init__(self, directory, *, gate: threading.Event | None = None) -> None:
+    def __init__(self, *, gate: threading.Event | None = None) -> None:
         self.name = "fake/0"
+        self.config = LogConfig()
         self.clock = CountingClock()
-        self.fileio = FaultFileIO()
-        self.segment = Segment(self.fileio, str(directory), 0, writable=True, create=True)
-        self.next_offset, self.hwm_us = 0, None
-        self.committed: list[Committed] = []
+        self.fileio = FaultFileIO(inner=MemoryFileIO())  # counts, faults; no disk
+        self.directory = "/memory/fake"
+        self.fileio.makedirs(self.directory)
+        self.segment = Segment(self.fileio, self.directory, 0, writable=True, create=True)
+        self.state = PartitionState(0, 0, None, None, Segments([self.segment]))
+        self.committed: list[Commit] = []
         self.events: list = []  # ("record", next_offset), "sync_active", "writer_close", ...
         self.record_threads: set = set()
         self.sync_error: BaseException | None = None
         self.gate = gate
         self.entered = threading.Event()
-        self._locked = False
+        self.locked = False
+        self.exclusive = FakeExclusive(self)
+        self.index = FakeIndex(self)
+        self.ring = FakeRing(self)
 
-    @contextlib.contextmanager
-    def exclusive(self):
-        self.entered.set()
-        if self.gate is not None:
-            assert self.gate.wait(WAIT_S)
-        assert not self._locked
-        self._locked = True
-        try:
-            yield
-        finally:
-            self._locked = False
+    @property
+    def end_offset(self) -> int:
+        return self.state.end_offset
 
-    def end(self):
-        assert self._locked
-        return self.next_offset, self.hwm_us
+    def publish(self, **changes) -> None:
+        self.state = self.state._replace(**changes)
 
-    def segment_for_write(self, nbytes: int):
-        assert self._locked and nbytes > 0
-        return self.segment, self.segment.size_bytes
-
-    def record(self, committed: Committed) -> None:
-        assert self._locked
+    def publish_end(self, end_offset: int, hwm_us, position: int) -> None:
+        assert self.locked
         self.record_threads.add(threading.current_thread())
-        self.committed.append(committed)
-        self.next_offset, self.hwm_us = committed.next_offset, committed.hwm_us
-        self.events.append(("record", committed.next_offset))
-
-    def sync_active(self) -> None:
-        self.events.append("sync_active")
-        if self.sync_error is not None:
-            raise self.sync_error
-
-    def writer_close(self) -> None:
-        self.events.append("writer_close")
+        commit = self.committed[-1]
+        commit.next_offset, commit.hwm_us, commit.end_position = end_offset, hwm_us, position
+        self.publish(end_offset=end_offset, hwm_us=hwm_us, active_position=position)
+        self.events.append(("record", end_offset))
 
 
 @pytest.fixture
-def make(tmp_path):
+def make():
     """`make(gate=None, **config)` -> (appender, partition); closed at teardown."""
     made: list[tuple[Appender, FakePartition]] = []
 
     def make_one(*, gate: threading.Event | None = None, **options):
-        partition = FakePartition(tmp_path, gate=gate)
+        partition = FakePartition(gate=gate)
         appender = Appender(partition, LogConfig(**options).validate())
         made.append((appender, partition))
         return appender, partition
@@ -233,11 +286,10 @@ def test_record_gets_dense_commits_whose_entries_describe_the_frames_written(mak
         assert (entry.min_timestamp_us, entry.max_timestamp_us) == (
             frame.min_timestamp_us, frame.max_timestamp_us)
     assert [e.hwm_after_us for e in commit.entries] == [50, 50, 100]
-    assert [hwm_before for _, hwm_before in commit.published] == [None, 50, 50]
-    for (published, _), frame in zip(commit.published, frames):
-        assert (published.position, published.base_offset, published.record_count) == (
-            frame.position, frame.base_offset, frame.record_count)
-        assert bytes(decode_columns(published).values) == bytes(decode_columns(frame).values)
+    assert [hwm_before for _, _, hwm_before in commit.published] == [None, 50, 50]
+    for (base, published, _), frame in zip(commit.published, frames):
+        assert (base, len(published)) == (frame.base_offset, frame.record_count)
+        assert bytes(published.values) == bytes(decode_columns(frame).values)
 
     # The next commit continues from the partition's end and running max.
     assert append(appender, piece([b"f"], timestamps=[7])) == 5
@@ -245,7 +297,7 @@ def test_record_gets_dense_commits_whose_entries_describe_the_frames_written(mak
     assert (second.next_offset, second.record_count, second.hwm_us) == (6, 1, 100)
     assert second.entries[0].base_offset == 5 and second.entries[0].hwm_after_us == 100
     assert second.entries[0].position == commit.end_position
-    assert second.published[0][1] == 100
+    assert second.published[0][2] == 100
     assert second.recovery == RecoveryPoint(0, partition.segment.size_bytes, 6, 100)
     assert [(r.offset, r.value, r.timestamp_us) for r in records_written(partition.segment)] == [
         (0, b"a", 50), (1, b"b", 10), (2, b"c", 30), (3, b"d", 100), (4, b"e", 5), (5, b"f", 7)]
@@ -344,10 +396,10 @@ def test_compression_modes_store_frames_that_decode_to_the_same_values(make, mod
         assert len(frame.payload) == frame.raw_bytes
     assert [r.value for r in records_written(partition.segment)] == values
     # The live tail is handed the raw payload, whatever is stored.
-    ((published, _),) = partition.committed[0].published
-    assert published.flags & CODEC_MASK == CODEC_NONE
-    assert published.raw_bytes == frame.raw_bytes == len(published.payload)
-    assert [bytes(decode_columns(published).values)] == [b"".join(values)]
+    ((base, published, _),) = partition.committed[0].published
+    assert base == 0
+    assert len(published.raw) == frame.raw_bytes
+    assert bytes(published.values) == b"".join(values)
 
 
 @pytest.mark.parametrize("mode", ["auto", "zstd"])
@@ -545,7 +597,7 @@ def test_a_job_runs_on_the_writer_thread_between_appends(make):
 
     def job():
         seen["thread"] = threading.current_thread()
-        seen["end"] = partition.next_offset
+        seen["end"] = partition.end_offset
         partition.events.append("job")
         return "done"
 
@@ -629,7 +681,7 @@ def test_close_drains_the_queue_then_closes_the_writer(make):
     assert not closer.is_alive()
     assert "streamlog-writer-fake/0" not in [t.name for t in threading.enumerate()]
     assert [item.waiter.wait() for item in [first] + queued] == [0, 1, 2]
-    assert partition.events == [("record", 1), ("record", 3), "writer_close"]
+    assert partition.events == [("record", 1), ("record", 3), "sync_active", "writer_close"]
     assert [r.value for r in records_written(partition.segment)] == [b"a", b"b", b"c"]
     appender.close()  # again: nothing more happens
     assert partition.events.count("writer_close") == 1

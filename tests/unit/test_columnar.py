@@ -1,6 +1,6 @@
 """columnar.py, pure: columns -> payload pieces. What the columnar path encodes must be
 byte for byte what encode_payload makes of the same records as lists, and its cuts and
-partition choices must be those of the list path (log._cut, log._assign)."""
+partition choices must be those of the list path (append.cut, AppendRules.route)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlog import columnar
-from streamlog.log import _cut, partition_for_key
+from streamlog.append import cut, partition_for_key
 from streamlog.payload import encode_payload, join_encoded
 
 RECORDS = st.lists(
@@ -41,12 +41,12 @@ def test_pieces_join_to_the_list_payload(records, frame_bytes_max, records_max, 
     assert flags == 0
     assert join_encoded(pieces) == expected
     # each piece is also a valid payload on its own, of the rows the list path cuts
-    cut = _cut(range(len(values)), values, keys, stamps, None, None, 0,
-               _Config(frame_bytes_max, records_max))
-    assert [p.record_count for p in pieces] == [len(p.values) for p in cut]
-    assert [p.nbytes for p in pieces] == [p.nbytes for p in cut]
+    listed_pieces = cut(range(len(values)), values, keys, stamps, None, None, 0,
+                          _Config(frame_bytes_max, records_max))
+    assert [p.record_count for p in pieces] == [len(p.values) for p in listed_pieces]
+    assert [p.nbytes for p in pieces] == [p.nbytes for p in listed_pieces]
     row = 0
-    for piece, listed in zip(pieces, cut):
+    for piece, listed in zip(pieces, listed_pieces):
         assert join_encoded([piece]) == encode_payload(listed.timestamps_us, listed.keys,
                                                        listed.values)[0]
         assert piece.min_timestamp_us == min(stamps[row:row + piece.record_count])
@@ -65,7 +65,7 @@ class _Config:
        st.integers(1, 50))
 def test_cut_points_are_the_greedy_cut(sizes, budget, records_max):
     expected, lo, total = [], 0, 0
-    for row, size in enumerate(sizes):  # the reference: log._cut's loop
+    for row, size in enumerate(sizes):  # the reference: append.cut's loop
         if row > lo and (total + size > budget or row - lo >= records_max):
             expected.append((lo, row))
             lo, total = row, 0

@@ -261,19 +261,30 @@ def _dotted(node: ast.Attribute) -> list[str] | None:
     return [node.id, *reversed(names)]
 
 
+# Class Log is written in these modules: log.py, and the classes it inherits from.
+LOG_MODULES = ("log", "log_txn", "log_admin", "log_follow")
+
+
 def log_private_members(root: pathlib.Path = ROOT) -> frozenset[str]:
-    """Class Log's private methods and attributes, read from log.py."""
+    """Class Log's private methods and attributes, read from log.py and the modules of
+    the classes it inherits from."""
     tree = ast.parse((root / "streamlog" / "log.py").read_text())
     (log_class,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Log"]
+    bases = {base.id for base in log_class.bases if isinstance(base, ast.Name)}
+    classes = [log_class]
+    for name in LOG_MODULES[1:]:
+        module = ast.parse((root / "streamlog" / f"{name}.py").read_text())
+        classes += [n for n in module.body if isinstance(n, ast.ClassDef) and n.name in bases]
+    assert len(classes) == 1 + len(bases), "a base class of Log is not in LOG_MODULES"
     names = set()
-    for node in ast.walk(log_class):
+    for node in (inner for klass in classes for inner in ast.walk(klass)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
                 node.value.id == "self") and isinstance(node.ctx, ast.Store):
             names.add(node.attr)
     private = frozenset(name for name in names if is_private(name))
-    assert "_partitions" in private  # (the parse found the class)
+    assert {"_partitions", "_reopened"} <= private  # (the parse found the classes)
     return private
 
 
@@ -286,7 +297,113 @@ def violations(root: pathlib.Path = ROOT) -> list[Violation]:
     return found
 
 
+def runtime_imports(module: str, path: pathlib.Path, tree: ast.AST,
+                    root: pathlib.Path = ROOT) -> set[str]:
+    """The library modules `module` imports when it runs (in functions too; not under
+    `if TYPE_CHECKING:`, which only a type checker reads)."""
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for child in node.body for inner in ast.walk(child)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            source = resolve(node, module, path)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if module_path(submodule, root) is not None:
+                    found.add(submodule)
+                elif module_path(source, root) is not None:
+                    found.add(source)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names
+                         if module_path(alias.name, root) is not None)
+    found.discard(module)
+    return found
+
+
+def import_cycles(root: pathlib.Path = ROOT) -> list[list[str]]:
+    """The library's import cycles: each strongly connected set of modules (Tarjan's
+    algorithm, iterative), sorted."""
+    graph = {module: runtime_imports(module, path, ast.parse(path.read_text()), root)
+             for module, path in library_modules(root)}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in graph:
+        if start in order:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in graph:
+                    continue
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], order[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == order[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return sorted(cycles)
+
+
 # -- the tests -----------------------------------------------------------------------
+
+# No module of the library is longer than this; the partition's owner far less.
+MODULE_LINES_MAX = 600
+PARTITION_LINES_MAX = 400
+
+
+def test_no_module_of_the_library_is_too_long():
+    lengths = {module: len(path.read_text().splitlines())
+               for module, path in library_modules()}
+    too_long = {module: n for module, n in lengths.items() if n > MODULE_LINES_MAX}
+    assert not too_long, f"over {MODULE_LINES_MAX} lines: {too_long}"
+    assert lengths["streamlog.partition"] < PARTITION_LINES_MAX
+
+
+def test_the_librarys_imports_have_no_cycle():
+    assert import_cycles() == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    package = tmp_path / "streamlog"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text("def f():\n    from .c import x\n")
+    (package / "c.py").write_text("from .a import y\n")
+    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from .a import y\n")
+    (package / "e.py").write_text("from .d import z\n")
+    for top in ("spark_source", "spark_sink"):
+        (tmp_path / top).mkdir()
+        (tmp_path / top / "__init__.py").write_text("")
+    assert import_cycles(tmp_path) == [["streamlog.a", "streamlog.b", "streamlog.c"]]
+
 
 def test_the_layers_hold_except_for_the_listed_exceptions():
     found = violations()

@@ -19,7 +19,8 @@ from streamlog.frame import (CODEC_NONE, CODEC_ZSTD, FLAG_HAS_CONTROL, FLAG_HAS_
                              decode_frame, encode_frame)
 from streamlog.payload import (NO_TIME, advance_hwm, columns_to_records, compress,
                                decode_columns, decode_headers, encode_headers,
-                               encode_payload, frame_time_us, running_max)
+                               encode_payload, encode_payload_columns, frame_time_us,
+                               running_max)
 from streamlog.records import Record, RecordKind
 
 
@@ -300,3 +301,35 @@ def test_bad_headers_blob_is_corrupt():
         decode_headers(b"\x05\x00\x01")
     with pytest.raises(CorruptFrame, match="headers"):
         decode_headers(b"\x01\x00\x02\x00\xff\xfe\x00\x00\x00\x00")
+
+
+@given(rows, st.data())
+def test_the_columns_made_while_encoding_are_those_a_reader_decodes(batch, data):
+    """The writer hands the live tail the columns it made while encoding
+    (encode_payload_columns) instead of decoding its own payload: they must be what a
+    reader of the frame decodes, field by field."""
+    timestamps = [r[0] for r in batch]
+    keys = [r[1] for r in batch]
+    values = [r[2] for r in batch]
+    kinds = data.draw(st.sampled_from([None, [r[3] for r in batch]]), "kinds")
+    headers = data.draw(st.sampled_from([None, [tuple(r[4]) for r in batch]]), "headers")
+    base = data.draw(st.integers(0, 1 << 40), "base")
+    txn_id = data.draw(st.integers(0, (1 << 64) - 1), "txn_id")
+    raw, flags, made = encode_payload_columns(timestamps, keys, values, kinds, headers,
+                                              base_offset=base, txn_id=txn_id)
+    assert (raw, flags) == encode_payload(timestamps, keys, values, kinds, headers)
+    decoded = decode_columns(frame_of(timestamps, keys, values, kinds, headers,
+                                      base_offset=base, txn_id=txn_id))
+    assert (made.base_offset, made.txn_id, made.producer) == (base, txn_id, None)
+    for name in ("timestamps_us", "kinds", "key_lengths", "value_lengths", "header_lengths"):
+        mine, theirs = getattr(made, name), getattr(decoded, name)
+        assert (mine is None) == (theirs is None), name
+        if mine is not None:
+            assert mine.dtype == theirs.dtype and mine.tolist() == theirs.tolist(), name
+    for name in ("keys", "values", "headers", "raw"):
+        mine, theirs = getattr(made, name), getattr(decoded, name)
+        assert (mine is None) == (theirs is None), name
+        if mine is not None:
+            assert bytes(mine) == bytes(theirs), name
+    assert list(columns_to_records(made, 3, data_only=False)) == list(
+        columns_to_records(decoded, 3, data_only=False))

@@ -3,7 +3,6 @@ against retention and truncation, over a real log."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -11,7 +10,10 @@ import pytest
 
 from streamlog import OffsetOutOfRange, RecordKind
 from streamlog.reader import Reader
+from streamlog.testing import MemoryFileIO
+from streamlog.testing.memindex import MemoryIndexStorage
 from streamlog.txn import encode_commit
+from streamlog.view import View
 
 STREAM = "s"
 WAIT_S = 10.0
@@ -19,10 +21,16 @@ SEGMENT_SMALL = dict(segment_bytes_max=4096, compression="none")
 
 
 @pytest.fixture
-def make_log(log_dir, open_logs):
-    """`make_log(**options)`: a log with stream `s` of one partition, fsync never."""
+def make_log(open_logs):
+    """`make_log(**options)`: a log with stream `s` of one partition, fsync never, on
+    an in-memory file system with an in-memory index (no disk: the reader's logic is
+    what is tested here; tests/integration read real files). Made again with the same
+    options, it is the same log, opened again."""
+    fileio, index_storage = MemoryFileIO(), MemoryIndexStorage()
+
     def make(**options):
-        log = open_logs(log_dir, fsync="never", **options)
+        log = open_logs("/memory/log", fsync="never", fileio=fileio,
+                        index_storage=index_storage, **options)
         if STREAM not in log.streams():
             log.create_stream(STREAM)
         return log
@@ -75,15 +83,18 @@ def watch_disk(monkeypatch, partition, *, forbid: bool = False) -> list[int]:
     """Record the base offset of each frame read from the partition's segments (or
     forbid reading them)."""
     reads: list[int] = []
-    original = partition.disk_frames
+    original = View.disk_frames
 
-    def disk_frames(offset):
+    def disk_frames(view, offset):
+        if view.name != partition.name:
+            yield from original(view, offset)
+            return
         assert not forbid, f"read offset {offset} from the segments"
-        for frame in original(offset):
+        for frame in original(view, offset):
             reads.append(frame.base_offset)
             yield frame
 
-    monkeypatch.setattr(partition, "disk_frames", disk_frames)
+    monkeypatch.setattr(View, "disk_frames", disk_frames)
     return reads
 
 
@@ -381,7 +392,7 @@ def test_a_readers_hold_follows_its_position_and_keeps_retention_behind_it(make_
     reader = log.reader(STREAM, 0, from_offset=bases[2] + 1)
     assert partition.min_hold() == bases[2] + 1
     deleted = log.apply_retention()
-    assert len(deleted) == 2 and not any(os.path.exists(p) for p in deleted)
+    assert len(deleted) == 2 and not any(log.fileio.exists(p) for p in deleted)
     assert segment_bases(log) == bases[2:]
     records = iter(reader)
     while next(records).offset < bases[4]:

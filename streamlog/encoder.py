@@ -1,0 +1,249 @@
+"""The commit encoder: a group of queued appends in, the frames to write out.
+
+Strategy: a pure function of its inputs (the appends' pieces, the partition's end offset
+and high-water mark, the config, and the compressor's memory of whether zstd has been
+paying): it touches no file, no index and no partition, so the writer thread's loop
+(appender.py) is the one place with effects, and the encoding can be tested on its own.
+Consecutive pieces merge into as few frames as the bounds allow; each frame is an
+`EncodedFrame`, a named value that knows its index entry and its live-tail batch once
+its position in a segment is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+import zstandard
+
+from .config import Compression, LogConfig
+from .frame import (CODEC_ZSTD, FLAG_HAS_PRODUCER, Frame, ProducerStamp, encode_frame,
+                    encode_frame_from_parts, payload_start)
+from .index import IndexEntry
+from .payload import (NO_TIME, Columns, EncodedRows, advance_hwm, compress, data_timestamps,
+                      decode_columns, encode_payload_columns, encoded_parts)
+from .txn import frame_events
+
+# Below this payload size zstd is not tried: a frame header's worth of saving at most.
+COMPRESS_MIN_BYTES = 512
+# After a frame that zstd did not shrink enough, this many frames go uncompressed
+# before it is tried again (Compression.AUTO).
+ZSTD_SKIP_FRAMES = 32
+
+
+@dataclasses.dataclass(slots=True)
+class Piece:
+    """Records of one append that fit one frame. `kinds`/`headers` None when unused."""
+
+    timestamps_us: list
+    keys: list
+    values: list
+    kinds: list | None
+    headers: list | None
+    nbytes: int
+    txn_id: int = 0
+    # A Kafka producer's batch (frame.py's stamp): always a frame of its own.
+    producer: ProducerStamp | None = None
+
+    @property
+    def record_count(self) -> int:
+        return len(self.values)
+
+
+class EncodedFrame(NamedTuple):
+    """One frame ready to write, and what the partition records about it."""
+
+    data: bytes | memoryview  # the whole frame, header and stored payload
+    base_offset: int
+    record_count: int
+    hwm_before: int | None  # running max timestamp before this frame
+    hwm_after: int | None
+    min_timestamp_us: int
+    max_timestamp_us: int
+    raw: bytes | memoryview  # the uncompressed payload
+    flags: int  # as a reader of the frame sees them (codec aside)
+    txn_id: int
+    events: list  # transaction events for the index (txn.frame_events)
+    producer: ProducerStamp | None
+    columns: Columns | None  # the records as the live tail takes them (None: decode)
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+    def index_entry(self, segment_base: int, position: int) -> IndexEntry:
+        return IndexEntry(self.base_offset, segment_base, position, self.record_count,
+                          len(self.data), self.min_timestamp_us, self.max_timestamp_us,
+                          NO_TIME if self.hwm_after is None else self.hwm_after)
+
+    def as_read(self, position: int) -> Frame:
+        """The frame as a reader of the segment would decode it."""
+        return Frame(position, self.base_offset, self.record_count, self.min_timestamp_us,
+                     self.max_timestamp_us, self.txn_id, self.flags, len(self.raw),
+                     self.raw, self.producer)
+
+    def tail_columns(self, position: int) -> Columns:
+        """The records as a reader decodes them, for the live tail: the columns the
+        encoding made when it has them (records as lists), else decoded from the raw
+        payload (columnar pieces: one large frame, decoded once)."""
+        if self.columns is not None:
+            return self.columns
+        return decode_columns(self.as_read(position))
+
+
+class EncodedCommit(NamedTuple):
+    frames: list[EncodedFrame]
+    firsts: list[int]  # the first offset of each append, in order
+    next_offset: int
+    hwm_us: int | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(frame.data) for frame in self.frames)
+
+    @property
+    def data(self) -> bytes | memoryview:
+        """The frames as one buffer (the one frame itself when there is one: no copy)."""
+        if len(self.frames) == 1:
+            return self.frames[0].data
+        return b"".join(frame.data for frame in self.frames)
+
+
+class Compressor:
+    """zstd, and the memory of whether it has been paying (Compression.AUTO)."""
+
+    def __init__(self, config: LogConfig) -> None:
+        self.mode = config.compression
+        self._zstd = zstandard.ZstdCompressor(level=config.zstd_level)
+        self._skip = 0
+
+    def maybe_compress(self, raw) -> bytes:
+        """`raw` itself when it is not compressed, else the smaller stored payload."""
+        if self.mode is Compression.NONE or len(raw) < COMPRESS_MIN_BYTES:
+            return raw
+        if self.mode is Compression.AUTO and self._skip > 0:
+            self._skip -= 1
+            return raw
+        packed = compress(raw, self._zstd)
+        if packed is None:
+            self._skip = ZSTD_SKIP_FRAMES  # it did not pay; try again a little later
+            return raw
+        return packed
+
+
+def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
+                  config: LogConfig, compressor: Compressor) -> EncodedCommit:
+    """Encode the pieces of each append (in order) as frames from `end_offset` on, the
+    partition's end, whose running max timestamp is `hwm_us`."""
+    frames: list[EncodedFrame] = []
+    firsts: list[int] = []
+    merged: list = []
+    offset, hwm, running = end_offset, hwm_us, end_offset
+    for pieces in appends:
+        firsts.append(running)
+        running += sum(piece.record_count for piece in pieces)
+        for piece in pieces:
+            if merged and not fits(merged, piece, config):
+                frames.append(encode_one(merged, offset, hwm, compressor))
+                offset, hwm, merged = frames[-1].next_offset, frames[-1].hwm_after, []
+            merged.append(piece)
+    if merged:
+        frames.append(encode_one(merged, offset, hwm, compressor))
+        offset, hwm = frames[-1].next_offset, frames[-1].hwm_after
+    assert offset == running
+    return EncodedCommit(frames, firsts, offset, hwm)
+
+
+def fits(pieces: list, piece, config: LogConfig) -> bool:
+    """Can `piece` join the frame of `pieces`? Only a piece of the same kind (Piece, or
+    columnar EncodedRows) under the same transaction, within the bounds, and neither
+    stamped: a stamp describes its frame's records and no others."""
+    if piece.txn_id != pieces[0].txn_id or type(piece) is not type(pieces[0]):
+        return False
+    if piece.producer is not None or pieces[0].producer is not None:
+        return False
+    count = sum(p.record_count for p in pieces) + piece.record_count
+    size = sum(p.nbytes for p in pieces) + piece.nbytes
+    return count <= config.batch_records_max and size <= config.frame_bytes_max // 2
+
+
+def encode_one(pieces: list, offset: int, hwm: int | None,
+               compressor: Compressor) -> EncodedFrame:
+    """Encode pieces (that `fits` merged) as one frame at `offset`."""
+    txn_id, producer = pieces[0].txn_id, pieces[0].producer
+    assert producer is None or len(pieces) == 1
+    if isinstance(pieces[0], EncodedRows):
+        # Columns: the parts are copied once, straight into the frame, whose payload
+        # is then the raw payload too (compressed only if that pays).
+        count, min_ts, max_ts = _encoded_bounds(pieces)
+        data = encode_frame_from_parts(base_offset=offset, record_count=count,
+                                       min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                                       txn_id=txn_id, flags=0,
+                                       parts=encoded_parts(pieces), producer=producer)
+        raw, flags, data_max_ts, kinds, value_at = (
+            memoryview(data)[payload_start(data):], 0, max_ts, None, None)
+        columns = None
+    else:
+        raw, flags, columns, min_ts, max_ts, data_max_ts, kinds, value_at = (
+            _list_payload(pieces, offset, txn_id, producer))
+        count = len(columns)
+        data = None
+    stored = compressor.maybe_compress(raw)
+    if data is None or stored is not raw:
+        stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
+        data = encode_frame(base_offset=offset, record_count=count,
+                            min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                            txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
+                            payload=stored, producer=producer)
+        assert len(data) == payload_start(data) + len(stored)
+    if producer is not None:
+        flags |= FLAG_HAS_PRODUCER  # as decode_frame gives it to readers of the tail
+    # control records never move the high-water mark (payload.py)
+    hwm_after = advance_hwm(hwm, data_max_ts)
+    events = frame_events(txn_id, offset, kinds, value_at)
+    return EncodedFrame(data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
+                        txn_id, events, producer, columns)
+
+
+def _list_payload(pieces: list[Piece], offset: int, txn_id: int, producer):
+    """(raw payload, flags, its Columns, min and max timestamp, largest data-record
+    timestamp or None, kinds, value getter) of list pieces merged into one frame at
+    `offset`."""
+    if len(pieces) == 1:
+        p = pieces[0]
+        timestamps, keys, values, kinds, headers = (p.timestamps_us, p.keys, p.values,
+                                                    p.kinds, p.headers)
+    else:
+        timestamps = [t for p in pieces for t in p.timestamps_us]
+        keys = [k for p in pieces for k in p.keys]
+        values = [v for p in pieces for v in p.values]
+        kinds = _merge_optional(pieces, "kinds", 0)
+        headers = _merge_optional(pieces, "headers", ())
+    raw, flags, columns = encode_payload_columns(timestamps, keys, values, kinds, headers,
+                                                 base_offset=offset, txn_id=txn_id,
+                                                 producer=producer)
+    ts = columns.timestamps_us
+    min_ts, max_ts = int(ts.min()), int(ts.max())
+    data_max_ts = max_ts
+    if kinds is not None:
+        latest = int(data_timestamps(ts, np.asarray(kinds, dtype=np.uint8)).max())
+        data_max_ts = None if latest == NO_TIME else latest
+    return raw, flags, columns, min_ts, max_ts, data_max_ts, kinds, values.__getitem__
+
+
+def _encoded_bounds(pieces: list[EncodedRows]) -> tuple[int, int, int]:
+    """(record count, min and max timestamp) of columnar pieces (all data records)."""
+    count = sum(p.record_count for p in pieces)
+    return (count, min(p.min_timestamp_us for p in pieces),
+            max(p.max_timestamp_us for p in pieces))
+
+
+def _merge_optional(pieces: list[Piece], name: str, default):
+    if all(getattr(p, name) is None for p in pieces):
+        return None
+    out = []
+    for p in pieces:
+        column = getattr(p, name)
+        out.extend(column if column is not None else [default] * len(p.values))
+    return out
