@@ -5,7 +5,8 @@ on purpose. Conditions that come from bytes on disk are `CorruptionError`s and c
 where they were found; conditions that come from the caller are `InvalidArgument`
 (a `ValueError` too, so plain Python code that expects one still works). A torn tail
 is not an error: it is an outcome of recovery (`integrity.Verdict.TORN_TAIL`), counted and
-logged.
+logged. The object store's failures are `StoreError`s; of those, `StoreUnavailable` is
+the one a retry may cure.
 """
 
 from __future__ import annotations
@@ -114,3 +115,50 @@ class CorruptSegment(CorruptionError):
 
 class CorruptIndex(CorruptionError):
     """The LMDB index disagrees with itself; it is rebuilt from the segments."""
+
+
+class CorruptObject(CorruptionError):
+    """An object in the store (DESIGN 11) is not what the log wrote: named by its key,
+    relative to the log's prefix, and the position of the damage in it. Nothing from it
+    is delivered."""
+
+    def __init__(self, key: str, position: int, reason: str) -> None:
+        self.key = key
+        self.position = position
+        self.reason = reason
+        super().__init__(f"corruption in object {key} at position {position}: {reason}")
+
+
+class StoreError(StreamLogError):
+    """The object store refused or failed a request (DESIGN 11): the base of the
+    store's errors, and raised itself for what no retry changes (a refused credential,
+    a request the store does not accept, an answer that makes no sense). `key` names
+    the object, relative to the log's prefix, when there is one."""
+
+    def __init__(self, message: str = "", *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class StoreUnavailable(StoreError):
+    """The store could not answer now: a 5xx, SlowDown or other throttling, a timeout,
+    a refused or dropped connection. Retryable, with backoff (remote.store.Retrying).
+    A write that ends this way may or may not have taken effect: its response may be
+    what was lost."""
+
+
+class ObjectNotFound(StoreError):
+    """No object has this key (or it was deleted)."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object exists where `if_absent` wanted none, or
+    its ETag is not the one `if_match` named (HTTP 412). Retrying the same write cannot
+    succeed; read what is there and decide again."""
+
+
+class Fenced(StreamLogError):
+    """A newer writer took this log over in the object store (DESIGN 11, one writer):
+    this one's appends and commits are refused and it stops writing, so two writers
+    never interleave. Only a new writable open takes the log back (and fences the
+    other in turn)."""

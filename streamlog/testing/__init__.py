@@ -10,5 +10,7 @@ tests, not here."""
 
 from .faultfs import CrashMode, FaultFileIO, flip_bit
 from .memfs import MemoryFileIO
+from .memstore import MemoryBucket, MemoryStore
 
-__all__ = ["CrashMode", "FaultFileIO", "MemoryFileIO", "flip_bit"]
+__all__ = ["CrashMode", "FaultFileIO", "MemoryBucket", "MemoryFileIO", "MemoryStore",
+           "flip_bit"]
