@@ -73,3 +73,99 @@ def kcat():
     if not found:
         pytest.skip(f"apt-get install kcat failed: {done.stderr.strip()[-300:]}")
     return found
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 endpoint (`streamlog.testing.s3server.S3Server`: radosgw on loopback,
+    bucket "streamlog"), one for the whole run, shared by the pytest-xdist workers; tests
+    keep apart with `s3_server.new_prefix()`. Skipped when Ceph is missing and cannot be
+    installed (not root, or apt-get failed).
+
+    Sharing: the server lives in `s3/` beside the workers' temp dirs (in the run's own
+    temp dir without xdist), with two flocks beside it. `s3.lock`, exclusive and held
+    briefly, makes install, start, attach and stop one at a time. Each worker using the
+    server holds `s3.users` shared until its session ends. The worker that started it
+    (its pid in `s3.owner`) drops its shared lock at teardown, then polls, under
+    `s3.lock`, for `s3.users` exclusive: it gets it once every other user has finished
+    (or died: the kernel drops a dead process's flocks), so the server stops after its
+    last user, whichever worker that is. A worker that comes after the stop starts a new
+    one and owns it; one that finds the owner dead adopts the running server. The owner
+    never holds `s3.lock` between polls, so a late worker can still join."""
+    import fcntl
+    import os
+    from streamlog.testing.s3server import S3Server, S3ServerError, ensure_installed
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    owner_path = shared / "s3.owner"
+    with _lock_file(shared / "s3.lock", fcntl.LOCK_EX, timeout_s=900):
+        try:
+            ensure_installed()
+        except S3ServerError as error:
+            pytest.skip(str(error))
+        users = _lock_file(shared / "s3.users", fcntl.LOCK_SH, timeout_s=10)
+        server = S3Server.attach(shared / "s3")
+        owned = server is None or not _process_exists(owner_path)
+        try:
+            server = server or S3Server(shared / "s3").start()
+        except BaseException:
+            users.close()
+            raise
+        if owned:
+            owner_path.write_text(str(os.getpid()))
+    try:
+        yield server
+    finally:
+        users.close()
+        if owned:
+            _stop_after_last_user(server, shared, owner_path)
+
+
+def _stop_after_last_user(server, shared, owner_path, *, timeout_s: float = 7200) -> None:
+    """Stop `server` once no other worker holds `s3.users` (see `s3_server`), or after
+    `timeout_s` regardless."""
+    import fcntl
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _lock_file(shared / "s3.lock", fcntl.LOCK_EX, timeout_s=900):
+            try:
+                _lock_file(shared / "s3.users", fcntl.LOCK_EX, timeout_s=0).close()
+                in_use = False
+            except TimeoutError:
+                in_use = True
+            # Holding s3.lock: no worker can join between that check and the stop.
+            if not in_use or time.monotonic() > deadline:
+                server.stop()
+                owner_path.unlink(missing_ok=True)
+                return
+        time.sleep(0.2)
+
+
+def _lock_file(path, mode: int, *, timeout_s: float):
+    """`path` (created if missing) opened and flocked with `mode` (`fcntl.LOCK_EX` or
+    `LOCK_SH`), polling for up to `timeout_s`; closing the file releases the lock.
+    Raises TimeoutError."""
+    import fcntl
+    import time
+    file = open(path, "a")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(file, mode | fcntl.LOCK_NB)
+            return file
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                file.close()
+                raise TimeoutError(f"no lock on {path} within {timeout_s} s") from None
+            time.sleep(0.05)
+
+
+def _process_exists(pid_path) -> bool:
+    """True if the pid written in `pid_path` names a live process."""
+    import os
+    try:
+        os.kill(int(pid_path.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
