@@ -1,0 +1,189 @@
+"""The manifest: the remote truth of a log in an object store, in numbered generations.
+
+Strategy (DESIGN 11): objects are immutable, written once. What a reader may see is
+named by a manifest, and manifests are committed in generations: generation g is the
+object `manifest/<g, 20 digits>`, created with a conditional create (If-None-Match),
+so of two writers committing the same generation exactly one wins. Every manifest
+carries the writer's `epoch`; a writable open takes the log over by committing the
+next generation with an epoch above every earlier one (`take_over`: the newest open
+wins at once, no lease expiry to wait for). A writer whose commit loses to a manifest
+with a higher epoch has been fenced (`Fenced`) and stops writing; one that loses to a
+lower or equal epoch lost a race with another opener and tries the next generation. So
+two writers never interleave: each generation names its predecessor's objects plus
+what one writer, the newest, added.
+
+Format: one line `streamlog-manifest 1 <xxh3-64 of the body, hex>`, then the body as
+JSON (sorted keys). A manifest that fails its check is damage, named by its key
+(CorruptObject); a generation is never skipped over to an older one silently.
+
+The functions take an `ObjectStore` (store.py); the values are pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import xxhash
+
+from ..errors import CorruptObject, Fenced, PreconditionFailed
+
+MAGIC = b"streamlog-manifest"
+VERSION = 1
+PREFIX = "manifest/"
+TAKE_OVER_ATTEMPTS = 20  # commits lost to racing openers before take_over gives up
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentObject:
+    """A sealed segment in the store: byte-identical to the local file, with its index
+    object beside it."""
+
+    base_offset: int
+    end_offset: int  # exclusive: the offset after its last record
+    key: str
+    size: int
+    checksum: str  # xxh3-128 of the object's bytes, hex
+    index_key: str | None = None
+    min_timestamp_us: int | None = None
+    max_timestamp_us: int | None = None
+    hwm_us: int | None = None  # the running max timestamp after its last record
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionManifest:
+    """One partition as a generation names it."""
+
+    start_offset: int = 0
+    committed_end: int = 0  # exclusive, like end_offset: what the store holds
+    start_hwm_us: int | None = None  # running max of the records retention removed
+    segments: tuple[SegmentObject, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    generation: int
+    epoch: int
+    writer: str  # who committed it: host, process, open time (for people, not logic)
+    streams: dict = dataclasses.field(default_factory=dict)  # name -> partition count
+    partitions: dict = dataclasses.field(default_factory=dict)  # "s/0" -> PartitionManifest
+    # Objects no longer named, with the time (us) after which they may be deleted: the
+    # grace period outlives any reader pinned to an older generation.
+    garbage: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return key_of(self.generation)
+
+    def successor(self, **changes) -> "Manifest":
+        """The next generation, with `changes`."""
+        return dataclasses.replace(self, generation=self.generation + 1, **changes)
+
+
+def key_of(generation: int) -> str:
+    return f"{PREFIX}{generation:020d}"
+
+
+def generation_of(key: str) -> int | None:
+    """The generation a key under PREFIX names, or None for any other object."""
+    name = key[len(PREFIX):] if key.startswith(PREFIX) else ""
+    return int(name) if len(name) == 20 and name.isdigit() else None
+
+
+# -- encoding ----------------------------------------------------------------------------
+
+def encode(manifest: Manifest) -> bytes:
+    body = json.dumps(_plain(manifest), sort_keys=True, separators=(",", ":")).encode()
+    return b"%s %d %016x\n%s" % (MAGIC, VERSION, xxhash.xxh3_64_intdigest(body), body)
+
+
+def decode(data: bytes, key: str) -> Manifest:
+    """The manifest in `data`, read from `key`. CorruptObject (naming the key) when it
+    fails its checks."""
+    head, newline, body = bytes(data).partition(b"\n")
+    fields = head.split(b" ")
+    if not newline or len(fields) != 3 or fields[0] != MAGIC:
+        raise CorruptObject(key, 0, "not a manifest (no header line)")
+    if fields[1] != b"%d" % VERSION:
+        raise CorruptObject(key, 0, f"manifest format {fields[1].decode(errors='replace')}"
+                                    f", this version reads {VERSION}")
+    try:
+        expected = int(fields[2], 16)
+    except ValueError:
+        raise CorruptObject(key, 0, "manifest header checksum is not hex") from None
+    if xxhash.xxh3_64_intdigest(body) != expected:
+        raise CorruptObject(key, len(head) + 1, "manifest checksum mismatch")
+    try:
+        manifest = _manifest(json.loads(body))
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptObject(key, len(head) + 1, f"manifest body: {error}") from None
+    if manifest.key != key:
+        raise CorruptObject(key, len(head) + 1,
+                            f"manifest of generation {manifest.generation} stored at {key}")
+    return manifest
+
+
+def _plain(manifest: Manifest) -> dict:
+    out = dataclasses.asdict(manifest)
+    out["garbage"] = [list(item) for item in manifest.garbage]
+    return out
+
+
+def _manifest(found: dict[str, Any]) -> Manifest:
+    partitions = {}
+    for name, part in found["partitions"].items():
+        segments = tuple(SegmentObject(**segment) for segment in part["segments"])
+        partitions[str(name)] = PartitionManifest(
+            int(part["start_offset"]), int(part["committed_end"]), part["start_hwm_us"],
+            segments)
+    return Manifest(int(found["generation"]), int(found["epoch"]), str(found["writer"]),
+                    {str(k): int(v) for k, v in found["streams"].items()}, partitions,
+                    tuple((str(key), int(after)) for key, after in found["garbage"]))
+
+
+# -- reading and committing --------------------------------------------------------------
+
+def latest(store) -> Manifest | None:
+    """The newest committed generation (None: no log here yet)."""
+    found = store.list(PREFIX.rstrip("/"))  # (a listing names whole folders)
+    generations = sorted(g for g in (generation_of(meta.key) for meta in found)
+                         if g is not None)
+    if not generations:
+        return None
+    key = key_of(generations[-1])
+    return decode(store.get(key), key)
+
+
+def commit(store, manifest: Manifest) -> Manifest:
+    """Commit `manifest` as its generation. Raises Fenced when a writer with a higher
+    epoch committed that generation first; PreconditionFailed when one with the same or
+    a lower epoch did (a race between openers: take_over tries the next generation)."""
+    try:
+        store.put(manifest.key, encode(manifest), if_absent=True)
+        return manifest
+    except PreconditionFailed:
+        winner = decode(store.get(manifest.key), manifest.key)
+    if winner.epoch > manifest.epoch:
+        raise Fenced(f"the log was taken over by a newer writer (epoch {winner.epoch}, "
+                     f"{winner.writer}); this writer (epoch {manifest.epoch}) stops")
+    raise PreconditionFailed(f"generation {manifest.generation} was committed by epoch "
+                             f"{winner.epoch} first")
+
+
+def take_over(store, writer: str, *, attempts: int = TAKE_OVER_ATTEMPTS) -> Manifest:
+    """Become the log's writer: commit the next generation with an epoch above every
+    earlier one (the first generation, epoch 1, when the store has no log yet). The
+    newest open wins: an older writer's next commit raises Fenced."""
+    for _ in range(attempts):
+        current = latest(store)
+        if current is None:
+            proposed = Manifest(generation=0, epoch=1, writer=writer)
+        else:
+            proposed = current.successor(epoch=current.epoch + 1, writer=writer)
+        try:
+            return commit(store, proposed)
+        except (PreconditionFailed, Fenced):
+            continue  # another opener committed that generation: go above it
+    raise PreconditionFailed(f"could not take the log over: {attempts} generations in a "
+                             f"row were committed by other openers first")

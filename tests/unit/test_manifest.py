@@ -1,0 +1,128 @@
+"""The manifest (remote/manifest.py): its encoding and checks, finding the newest
+generation, committing with conditional creates, and fencing by epoch, over the
+in-memory store (testing/memstore.py) with real threads where openers race."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from streamlog.errors import CorruptObject, Fenced, PreconditionFailed, StoreUnavailable
+from streamlog.remote.manifest import (Manifest, PartitionManifest, SegmentObject, commit,
+                                       decode, encode, generation_of, key_of, latest,
+                                       take_over)
+from streamlog.testing.memstore import MemoryStore
+
+
+def sample(generation: int = 7, epoch: int = 3) -> Manifest:
+    segment = SegmentObject(0, 120, "segments/s/0/00000000000000000000-3.log", 4096,
+                            "ab" * 16, "segments/s/0/00000000000000000000-3.idx",
+                            -5, 900, 900)
+    return Manifest(generation, epoch, "host:123", {"s": 2},
+                    {"s/0": PartitionManifest(0, 130, None, (segment,)),
+                     "s/1": PartitionManifest(40, 40, 77, ())},
+                    (("segments/s/1/old.log", 1_700_000_000_000_000),))
+
+
+def test_a_manifest_round_trips_and_names_its_generation():
+    manifest = sample()
+    data = encode(manifest)
+    assert data.startswith(b"streamlog-manifest 1 ")
+    assert decode(data, key_of(7)) == manifest
+    assert manifest.key == key_of(7) == "manifest/00000000000000000007"
+    assert generation_of(manifest.key) == 7
+    assert generation_of("manifest/latest") is None and generation_of("segments/x") is None
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: b"x" + data[1:], "not a manifest"),
+    (lambda data: data.replace(b"streamlog-manifest 1", b"streamlog-manifest 9", 1),
+     "format 9"),
+    (lambda data: data[:-2] + bytes([data[-2] ^ 1]) + data[-1:], "checksum mismatch"),
+    (lambda data: data.partition(b"\n")[0], "not a manifest"),
+])
+def test_a_damaged_manifest_is_named_never_read(damage, reason):
+    key = key_of(7)
+    with pytest.raises(CorruptObject, match=reason) as caught:
+        decode(damage(encode(sample())), key)
+    assert key in str(caught.value)
+
+
+def test_a_manifest_stored_under_another_generation_is_refused():
+    with pytest.raises(CorruptObject, match="generation 7 stored at"):
+        decode(encode(sample(7)), key_of(8))
+
+
+def test_latest_is_the_newest_generation_and_ignores_other_objects():
+    store = MemoryStore()
+    assert latest(store) is None
+    store.put("segments/s/0/a.log", b"bytes")
+    store.put("manifest/notes", b"not a generation")
+    for generation in (0, 1, 2):
+        commit(store, sample(generation, epoch=1))
+    assert latest(store).generation == 2
+
+
+def test_the_newest_open_takes_over_and_fences_the_older_writer():
+    store = MemoryStore()
+    first = take_over(store, "first")
+    assert (first.generation, first.epoch) == (0, 1)
+    committed = commit(store, first.successor(streams={"s": 1}))
+    assert committed.generation == 1
+    second = take_over(store, "second")
+    assert (second.generation, second.epoch) == (2, 2)
+    assert second.streams == {"s": 1}  # it continues from what the first committed
+    with pytest.raises(Fenced, match="epoch 2"):
+        commit(store, committed.successor())  # generation 2: already the second's
+    # and fenced for good: its next generations are the newer writer's to commit
+    later = commit(store, second.successor())
+    with pytest.raises(Fenced):
+        commit(store, committed.successor().successor())
+    assert latest(store) == later
+
+
+def test_a_commit_lost_to_an_equal_epoch_is_a_race_not_a_fence():
+    store = MemoryStore()
+    base = take_over(store, "a")
+    commit(store, base.successor(writer="other"))
+    with pytest.raises(PreconditionFailed):
+        commit(store, base.successor(writer="mine"))
+
+
+def test_openers_racing_on_threads_each_get_their_own_epoch_in_order():
+    store = MemoryStore()
+    take_over(store, "origin")
+    start = threading.Barrier(6)
+    won: list[Manifest] = []
+    lock = threading.Lock()
+
+    def open_one(name: str) -> None:
+        start.wait()
+        manifest = take_over(store, name)
+        with lock:
+            won.append(manifest)
+
+    threads = [threading.Thread(target=open_one, args=(f"w{i}",)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(won) == 6
+    history = [decode(store.get(key_of(g)), key_of(g)) for g in range(7)]
+    assert [m.generation for m in history] == list(range(7))
+    epochs = [m.epoch for m in history]
+    assert epochs == sorted(epochs) and len(set(epochs)) == 7  # strictly rising
+    for manifest in won:  # what each opener was told it committed is what the store has
+        assert history[manifest.generation] == manifest
+    assert latest(store).epoch == max(epochs)
+
+
+def test_a_store_that_is_down_fails_the_commit_with_its_own_error():
+    store = MemoryStore()
+    manifest = take_over(store, "a")
+    store.down()
+    with pytest.raises(StoreUnavailable):
+        commit(store, manifest.successor())
+    store.up()
+    assert commit(store, manifest.successor()).generation == 1
