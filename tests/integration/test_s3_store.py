@@ -27,6 +27,7 @@ import pytest
 from streamlog.errors import (ObjectNotFound, PreconditionFailed, StoreError,
                               StoreUnavailable)
 from streamlog.errors import Fenced
+from streamlog.encoder import Piece
 from streamlog.remote import manifest
 from streamlog.remote.s3 import S3Store
 from streamlog.remote.store import RetryPolicy, Retrying
@@ -332,3 +333,32 @@ class TestAgainstARealServer:
         with pytest.raises(Fenced):
             manifest.commit(remote, committed.successor())
         assert manifest.latest(remote) == second
+
+    def test_a_sealed_segment_goes_up_whole_with_its_index(self, remote):
+        from streamlog.config import LogConfig
+        from streamlog.partition import Partition
+        from streamlog.remote.segment_object import decode_index, upload
+        from streamlog.testing import MemoryFileIO
+        from streamlog.testing.memindex import MemoryIndexStorage
+        part = Partition("/memory/s/0", "s/0", 0,
+                         LogConfig(segment_bytes_max=4096).validate(), MemoryFileIO(),
+                         readonly=False, index_storage=MemoryIndexStorage())
+        try:
+            for i in range(120):
+                part.submit([Piece([1000 + i], [None], [b"%d" % i * 40], None, None, 200)])
+            assert len(part.state.segments) > 1  # the first one is sealed
+            first = part.state.segments[0]
+            data = first.read(0, first.size_bytes)
+        finally:
+            part.close()
+        writer = manifest.take_over(remote, "writer")
+        committed = manifest.commit(remote, upload(remote, writer, "s/0", data,
+                                                   base_offset=0, hwm_before=None))
+        (segment,) = manifest.latest(remote).partitions["s/0"].segments
+        assert segment == committed.partitions["s/0"].segments[0]
+        assert remote.get(segment.key) == data
+        entries = decode_index(remote.get(segment.index_key), segment.index_key, 0)
+        assert entries[-1].next_offset == segment.end_offset
+        assert remote.get_range(segment.key, entries[1].position,
+                                entries[1].position + entries[1].frame_bytes) == data[
+            entries[1].position:entries[1].position + entries[1].frame_bytes]

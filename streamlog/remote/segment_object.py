@@ -1,0 +1,129 @@
+"""A sealed segment in the store: its object, its index object, and naming them.
+
+Strategy (DESIGN 11): a sealed segment's object is byte-identical to the local file,
+so the store holds exactly what the disk held and every frame keeps its checksums. The
+bytes are scanned and verified before they go up (`describe`): a damaged or torn file is
+never uploaded as a segment, and what is uploaded is known to be a whole, continuous
+run of frames from the segment's base offset. Beside it goes a small index object, one
+entry per frame (offset -> position, and the running max timestamp after it), so a
+reader anywhere, and a restore, find a record by offset or by time (DESIGN 5) without
+reading every segment.
+
+Keys carry the writer's epoch: a fenced writer's late upload lands under a key no
+manifest of the newer writer names, never over the newer writer's object; the sweep
+removes it after the grace period. Pure but for `upload`, which puts the two objects
+(the caller commits the manifest that names them).
+
+Index object: one line `streamlog-segment-index 1 <xxh3-64 of the body, hex>`, then
+seven little-endian columns of n values each: base offsets, positions (i64), record
+counts, frame sizes (i32), min and max timestamps, running max after the frame (i64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import xxhash
+
+from ..errors import CorruptObject
+from ..index_format import IndexEntry
+from ..payload import NO_TIME, advance_hwm, frame_time_us
+from ..scan import StopReason, scan_buffer
+from .manifest import Manifest, PartitionManifest, SegmentObject
+
+INDEX_MAGIC = b"streamlog-segment-index"
+INDEX_VERSION = 1
+_COLUMNS = (("base_offset", "<i8"), ("position", "<i8"), ("record_count", "<i4"),
+            ("frame_bytes", "<i4"), ("min_timestamp_us", "<i8"), ("max_timestamp_us", "<i8"),
+            ("hwm_after_us", "<i8"))
+
+
+def segment_key(partition: str, base_offset: int, epoch: int) -> str:
+    """`segments/<stream>/<partition>/<base, 20 digits>-<epoch>.log`."""
+    return f"segments/{partition}/{base_offset:020d}-{epoch}.log"
+
+
+def index_key(key: str) -> str:
+    return key[:-len(".log")] + ".idx" if key.endswith(".log") else key + ".idx"
+
+
+def describe(data, *, key: str, base_offset: int,
+             hwm_before: int | None) -> tuple[SegmentObject, bytes]:
+    """The SegmentObject of a sealed segment's bytes (to be stored at `key`) and its
+    index object's bytes. Raises CorruptObject (naming the key and the position) unless
+    `data` is a whole run of valid frames continuing from `base_offset`."""
+    scanned = scan_buffer(data, 0, expect_offset=base_offset)
+    if scanned.stop is not StopReason.END:
+        what = "ends inside a frame" if scanned.stop is StopReason.INCOMPLETE else (
+            scanned.reason)
+        raise CorruptObject(key, scanned.end, f"not a whole sealed segment: {what}")
+    if not scanned.frames:
+        raise CorruptObject(key, 0, "an empty segment is never uploaded")
+    entries, hwm = [], hwm_before
+    for frame in scanned.frames:
+        hwm = advance_hwm(hwm, frame_time_us(frame))
+        entries.append(IndexEntry(frame.base_offset, base_offset, frame.position,
+                                  frame.record_count, frame.end_position - frame.position,
+                                  frame.min_timestamp_us, frame.max_timestamp_us,
+                                  NO_TIME if hwm is None else hwm))
+    segment = SegmentObject(
+        base_offset, scanned.frames[-1].next_offset, key, len(data),
+        xxhash.xxh3_128_hexdigest(data), index_key(key),
+        min(frame.min_timestamp_us for frame in scanned.frames),
+        max(frame.max_timestamp_us for frame in scanned.frames), hwm)
+    return segment, encode_index(entries)
+
+
+def encode_index(entries: list[IndexEntry]) -> bytes:
+    body = b"".join(np.asarray([getattr(e, name) for e in entries], dtype=dtype).tobytes()
+                    for name, dtype in _COLUMNS)
+    body = len(entries).to_bytes(8, "little") + body
+    return b"%s %d %016x\n%s" % (INDEX_MAGIC, INDEX_VERSION, xxhash.xxh3_64_intdigest(body),
+                                 body)
+
+
+def decode_index(data, key: str, segment_base: int) -> list[IndexEntry]:
+    """The entries of an index object read from `key`. CorruptObject when it fails its
+    checks."""
+    head, newline, body = bytes(data).partition(b"\n")
+    fields = head.split(b" ")
+    if not newline or len(fields) != 3 or fields[0] != INDEX_MAGIC or (
+            fields[1] != b"%d" % INDEX_VERSION):
+        raise CorruptObject(key, 0, "not a segment index object of this version")
+    try:
+        expected = int(fields[2], 16)
+    except ValueError:
+        raise CorruptObject(key, 0, "index header checksum is not hex") from None
+    if xxhash.xxh3_64_intdigest(body) != expected:
+        raise CorruptObject(key, len(head) + 1, "index checksum mismatch")
+    count = int.from_bytes(body[:8], "little")
+    widths = [np.dtype(dtype).itemsize for _, dtype in _COLUMNS]
+    if 8 + count * sum(widths) != len(body):
+        raise CorruptObject(key, len(head) + 1, "index length disagrees with its count")
+    columns, position = [], 8
+    for (_, dtype), width in zip(_COLUMNS, widths):
+        columns.append(np.frombuffer(body, dtype, count, position).tolist())
+        position += count * width
+    return [IndexEntry(base, segment_base, at, records, size, low, high, hwm)
+            for base, at, records, size, low, high, hwm in zip(*columns)]
+
+
+def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
+           hwm_before: int | None) -> Manifest:
+    """Put a sealed segment (`data`, the local file's bytes) and its index object, and
+    return the manifest's successor naming them (not yet committed: `manifest.commit`).
+    The segment must continue the partition's committed end."""
+    current = manifest.partitions.get(partition, PartitionManifest())
+    if base_offset != current.committed_end and current.segments:
+        raise ValueError(f"segment {base_offset} of {partition} does not continue the "
+                         f"store's end {current.committed_end}")
+    key = segment_key(partition, base_offset, manifest.epoch)
+    segment, index = describe(data, key=key, base_offset=base_offset, hwm_before=hwm_before)
+    store.put(key, bytes(data))
+    store.put(segment.index_key, index)
+    start = current.start_offset if current.segments else base_offset
+    updated = dataclasses.replace(current, start_offset=start,
+                                  committed_end=segment.end_offset,
+                                  segments=(*current.segments, segment))
+    return manifest.successor(partitions={**manifest.partitions, partition: updated})
