@@ -21,7 +21,7 @@ from .log import Log
 
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
              config: LogConfig | None = None, fileio=None, progress=None, clock=None,
-             index_storage=None, **options) -> "Log":
+             index_storage=None, remote=None, storage_options=None, **options) -> "Log":
     """Open (and by default create) the log at directory `path`, or connect to the
     daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN).
 
@@ -37,6 +37,13 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         index_storage: where the partitions' indexes live instead of LMDB files (tests:
             streamlog.testing.memindex.MemoryIndexStorage, which a simulated power loss
             rolls back with the files).
+        remote: tier the log to an object store (DESIGN 11): an `s3://BUCKET/PREFIX`
+            URL (endpoint and credentials from the AWS_* variables or
+            `storage_options`), or an ObjectStore (streamlog.remote.store; tests:
+            streamlog.testing.memstore.MemoryStore). Sealed segments go up in the
+            background; the open takes the log over in the store (an older writer of
+            it is fenced). Writable opens only.
+        storage_options: options of the S3 client (endpoint, access_key_id, ...).
     Raises:
         InvalidArgument for a bad option, StreamLogError when the directory is not a
         log, LogLocked when this process has it open for writing already (share that
@@ -56,6 +63,30 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         merged = dataclasses.replace(base, fsync=fsync, **options)
     except TypeError as error:
         raise InvalidArgument(str(error)) from None
+    store = None
+    if remote is not None:
+        if readonly:
+            raise InvalidArgument("remote= tiers a writable open; a read-only open of a "
+                                  "log in the store is not supported yet")
+        store = _store_of(remote, storage_options)
     return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
                fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK,
-               index_storage=index_storage)
+               index_storage=index_storage, remote=store)
+
+
+def _store_of(remote, storage_options):
+    """The object store `remote` names: an s3:// URL behind retries, or a store given."""
+    if isinstance(remote, str):
+        from .remote.s3 import S3Store
+        from .remote.store import Retrying
+        if not remote.startswith("s3://"):
+            raise InvalidArgument(f"remote must be an s3://BUCKET/PREFIX URL or an object "
+                                  f"store (got {remote!r})")
+        return Retrying(S3Store.from_url(remote, storage_options))
+    if storage_options is not None:
+        raise InvalidArgument("storage_options go with a remote URL, not a store object")
+    for method in ("put", "get", "get_range", "list", "delete"):
+        if not callable(getattr(remote, method, None)):
+            raise InvalidArgument(f"remote must be an s3:// URL or an object store "
+                                  f"(got a {type(remote).__name__})")
+    return remote

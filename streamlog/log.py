@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import numbers
+import os
+import socket
 import threading
 
 from . import directory, layout
@@ -46,7 +48,8 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
     log_follow.py (one class, in four files)."""
 
     def __init__(self, path: str, config: LogConfig, *, readonly: bool, create: bool,
-                 fileio, progress=None, clock=SYSTEM_CLOCK, index_storage=None) -> None:
+                 fileio, progress=None, clock=SYSTEM_CLOCK, index_storage=None,
+                 remote=None) -> None:
         self.path = path
         self.index_storage = index_storage
         self.config = config
@@ -64,6 +67,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self._retired: list[Partition] = []
         self.closed = False
         self.scrubber = None
+        self.tiering = None  # remote/tiering.py, when the log is tiered to a store
         try:
             self._prepare_directory(create)
         except BaseException:
@@ -87,6 +91,21 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self._settled = True
         if not readonly and config.scrub_bytes_per_s is not None:
             self.start_scrubber()
+        if remote is not None:
+            self._start_tiering(remote)
+
+    def _start_tiering(self, store) -> None:
+        from .remote.tiering import Tiering  # (only a tiered log loads the store's code)
+        writer = f"{socket.gethostname()}:{os.getpid()}:{self.clock.wall_us()}"
+        try:
+            self.tiering = Tiering(store, self._all_partitions, writer=writer).start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _all_partitions(self) -> list[Partition]:
+        with self._lock:
+            return [part for partitions in self._streams.values() for part in partitions]
 
     # -- directory, lock, streams ---------------------------------------------------
 
@@ -432,6 +451,8 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
                 return
             if self.scrubber is not None:
                 self.scrubber.stop()
+            if self.tiering is not None:
+                self.tiering.close()
             self._close_partitions()
             for part in self._retired:
                 part.close()

@@ -113,12 +113,22 @@ class AdminOperations:
         deleted = []
         for stream in self.streams():
             for part in self._partitions(stream):
+                if self.tiering is not None:  # never a segment the store lacks
+                    self.tiering.keep(part)
                 deleted += part.apply_retention(now_us)
         return deleted
 
     def info(self) -> dict:
-        """Streams, partitions, offsets, time range and sizes."""
+        """Streams, partitions, offsets, time range and sizes; for a log tiered to a
+        store, its remote state ("remote") and each partition's remote committed end
+        (exclusive, like end_offset)."""
         out = {"path": self.path, "streams": {}}
+        tiering = self.tiering
+        if tiering is not None:
+            out["remote"] = {"url": getattr(tiering.store, "url", None),
+                             "generation": tiering.manifest.generation,
+                             "epoch": tiering.manifest.epoch, "fenced": tiering.fenced,
+                             "error": None if tiering.error is None else str(tiering.error)}
         for stream in self.streams():
             parts = []
             for part in self._partitions(stream):
@@ -135,6 +145,8 @@ class AdminOperations:
                     "recovery": part.report.as_dict(),
                     "verified": read_scrub_status(self.fileio, part.directory),
                     "holds": holds_module.read_holds(self.fileio, part.directory)})
+                if tiering is not None:
+                    parts[-1]["remote_committed_offset"] = tiering.committed_end(part.name)
             out["streams"][stream] = {"partitions": parts}
         return out
 

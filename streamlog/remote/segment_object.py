@@ -12,7 +12,7 @@ reading every segment.
 Keys carry the writer's epoch: a fenced writer's late upload lands under a key no
 manifest of the newer writer names, never over the newer writer's object; the sweep
 removes it after the grace period. Pure but for `upload`, which puts the two objects
-(the caller commits the manifest that names them).
+(the caller commits the manifest generation that names them).
 
 Index object: one line `streamlog-segment-index 1 <xxh3-64 of the body, hex>`, then
 seven little-endian columns of n values each: base offsets, positions (i64), record
@@ -112,8 +112,9 @@ def decode_index(data, key: str, segment_base: int) -> list[IndexEntry]:
 def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
            hwm_before: int | None) -> Manifest:
     """Put a sealed segment (`data`, the local file's bytes) and its index object, and
-    return the manifest's successor naming them (not yet committed: `manifest.commit`).
-    The segment must continue the partition's committed end."""
+    return `manifest` with the segment added to the partition (the same generation:
+    commit its `successor()`, after any other uploads of the round). The segment must
+    continue the partition's committed end."""
     current = manifest.partitions.get(partition, PartitionManifest())
     if base_offset != current.committed_end and current.segments:
         raise ValueError(f"segment {base_offset} of {partition} does not continue the "
@@ -126,4 +127,5 @@ def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
     updated = dataclasses.replace(current, start_offset=start,
                                   committed_end=segment.end_offset,
                                   segments=(*current.segments, segment))
-    return manifest.successor(partitions={**manifest.partitions, partition: updated})
+    return dataclasses.replace(manifest, partitions={**manifest.partitions,
+                                                     partition: updated})

@@ -353,7 +353,8 @@ class TestAgainstARealServer:
             part.close()
         writer = manifest.take_over(remote, "writer")
         committed = manifest.commit(remote, upload(remote, writer, "s/0", data,
-                                                   base_offset=0, hwm_before=None))
+                                                   base_offset=0,
+                                                   hwm_before=None).successor())
         (segment,) = manifest.latest(remote).partitions["s/0"].segments
         assert segment == committed.partitions["s/0"].segments[0]
         assert remote.get(segment.key) == data
@@ -362,3 +363,26 @@ class TestAgainstARealServer:
         assert remote.get_range(segment.key, entries[1].position,
                                 entries[1].position + entries[1].frame_bytes) == data[
             entries[1].position:entries[1].position + entries[1].frame_bytes]
+
+
+@pytest.mark.xdist_group("s3")
+def test_a_log_tiered_to_the_real_store(tmp_path, s3_server):
+    import streamlog
+    url = s3_server.url(s3_server.new_prefix())
+    with streamlog.open_log(tmp_path / "log", remote=url,
+                            storage_options=s3_server.storage_options,
+                            segment_bytes_max=4096, fsync="never") as log:
+        log.create_stream("s")
+        for i in range(100):
+            log.append_sync("s", b"%05d" % i + b"." * 200, timestamp_us=1000 + i)
+        log.tiering.close()
+        log.tiering.run_once()
+        end = log.info()["streams"]["s"]["partitions"][0]["remote_committed_offset"]
+        assert end == log._partition("s", 0).state.segments[-1].base_offset > 0
+    store = S3Store.from_url(url, s3_server.storage_options, environ={})
+    latest = manifest.latest(store)
+    assert latest.partitions["s/0"].committed_end == end
+    first = latest.partitions["s/0"].segments[0]
+    with streamlog.open_log(tmp_path / "log", readonly=True) as log:
+        local = log._partition("s", 0).state.segments[0]
+        assert store.get(first.key) == local.read(0, local.size_bytes)

@@ -97,7 +97,8 @@ def test_uploads_are_named_by_the_next_generation_and_a_fenced_writer_cannot_com
     hwm = None
     for base, data in segments[:2]:
         proposed = upload(store, current, "s/0", data, base_offset=base, hwm_before=hwm)
-        current = manifests.commit(store, proposed)
+        assert proposed.generation == current.generation  # one commit per round
+        current = manifests.commit(store, proposed.successor())
         hwm = current.partitions["s/0"].segments[-1].hwm_us
     part = manifests.latest(store).partitions["s/0"]
     assert part.committed_end == segments[2][0] and part.start_offset == 0
@@ -111,7 +112,7 @@ def test_uploads_are_named_by_the_next_generation_and_a_fenced_writer_cannot_com
     base, data = segments[2]
     stale = upload(store, current, "s/0", data, base_offset=base, hwm_before=hwm)
     with pytest.raises(Fenced):
-        manifests.commit(store, stale)
+        manifests.commit(store, stale.successor())
     # the fenced writer's object is under its own epoch's key: the newer writer's
     # generations never name it
     assert segment_key("s/0", base, current.epoch) != segment_key("s/0", base,

@@ -1,0 +1,130 @@
+"""Tiering a writable log (remote/tiering.py): sealed segments go up with their index
+objects, one manifest generation per round; the store down loses nothing and the
+backlog drains; local retention keeps what the store lacks; a newer open fences the
+older writer's job. In memory: MemoryFileIO, MemoryIndexStorage, MemoryStore."""
+
+from __future__ import annotations
+
+import pytest
+
+import streamlog
+from streamlog.errors import Fenced, InvalidArgument, StoreUnavailable
+from streamlog.remote import manifest as manifests
+from streamlog.remote.segment_object import decode_index
+from streamlog.testing import MemoryFileIO
+from streamlog.testing.memindex import MemoryIndexStorage
+from streamlog.testing.memstore import MemoryBucket, MemoryStore
+
+SMALL = dict(segment_bytes_max=4096, compression="none", fsync="never")
+
+
+@pytest.fixture
+def disk():
+    return {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
+
+
+def fill(log, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        log.append_sync("s", b"%05d" % i + b"." * 200, timestamp_us=1000 + i)
+
+
+def test_sealed_segments_go_up_and_info_shows_the_remote_end(disk):
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, **disk, **SMALL) as log:
+        log.create_stream("s", 2)
+        fill(log, 100)
+        log.tiering.close()  # rounds by hand from here on
+        log.tiering.run_once()
+        info = log.info()
+        part = log._partition("s", 0)
+        sealed = part.state.segments[:-1]
+        remote = manifests.latest(store).partitions["s/0"]
+        assert len(remote.segments) == len(sealed) >= 2
+        assert remote.committed_end == part.state.segments[-1].base_offset
+        assert info["streams"]["s"]["partitions"][0]["remote_committed_offset"] == (
+            remote.committed_end)
+        assert info["remote"]["epoch"] == 1 and info["remote"]["error"] is None
+        for segment, local in zip(remote.segments, sealed):
+            assert store.get(segment.key) == local.read(0, local.size_bytes)
+            assert decode_index(store.get(segment.index_key), segment.index_key,
+                                segment.base_offset)[0].base_offset == local.base_offset
+        assert manifests.latest(store).streams == {"s": 2}
+        before = manifests.latest(store).generation
+        assert log.tiering.run_once() == 0  # nothing new: no new generation
+        assert manifests.latest(store).generation == before
+
+
+def test_the_store_down_loses_nothing_and_the_backlog_drains(disk):
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, **disk, **SMALL) as log:
+        log.create_stream("s")
+        log.tiering.close()
+        store.down()
+        fill(log, 100)  # appends go on: durability "local" acks the local fsync
+        with pytest.raises(StoreUnavailable):
+            log.tiering.run_once()
+        assert log.tiering.committed_end("s/0") == 0
+        store.up()
+        assert log.tiering.run_once() >= 2
+        part = log._partition("s", 0)
+        assert log.tiering.committed_end("s/0") == part.state.segments[-1].base_offset
+
+
+def test_local_retention_keeps_what_the_store_lacks(disk):
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, retention_bytes=1, **disk,
+                            **SMALL) as log:
+        log.create_stream("s")
+        log.tiering.close()
+        fill(log, 100)
+        assert log.apply_retention() == []  # nothing is in the store yet
+        log.tiering.run_once()
+        end = log.tiering.committed_end("s/0")
+        deleted = log.apply_retention()
+        assert deleted and log.start_offset("s") == end  # only what the store has
+        assert [r.offset for r in log.reader("s")][0] == end
+
+
+def test_a_newer_open_fences_the_older_writers_tiering(disk):
+    bucket = MemoryBucket()
+    older = streamlog.open_log("/memory/a", remote=MemoryStore(bucket), **disk, **SMALL)
+    try:
+        older.create_stream("s")
+        older.tiering.close()
+        fill(older, 60)
+        older.tiering.run_once()
+        other = {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
+        with streamlog.open_log("/memory/b", remote=MemoryStore(bucket), **other,
+                                **SMALL) as newer:
+            assert newer.tiering.manifest.epoch == older.tiering.manifest.epoch + 1
+            fill(older, 60, start=60)
+            with pytest.raises(Fenced):
+                older.tiering.run_once()
+            assert older.info()["remote"]["fenced"] is True
+            with pytest.raises(Fenced):  # and for good
+                older.tiering.run_once()
+    finally:
+        older.close()
+
+
+def test_remote_must_be_an_s3_url_or_a_store(disk):
+    with pytest.raises(InvalidArgument, match="s3://"):
+        streamlog.open_log("/memory/log", remote="gs://bucket/x", **disk)
+    with pytest.raises(InvalidArgument, match="object store"):
+        streamlog.open_log("/memory/log", remote=42, **disk)
+    with pytest.raises(InvalidArgument, match="read-only"):
+        streamlog.open_log("/memory/log", remote=MemoryStore(), readonly=True, **disk)
+
+
+def test_the_background_job_uploads_by_itself(disk):
+    import time
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, **disk, **SMALL) as log:
+        log.create_stream("s")
+        fill(log, 100)
+        log.tiering.wake()
+        deadline = time.monotonic() + 10
+        while log.tiering.committed_end("s/0") == 0:
+            assert time.monotonic() < deadline, "nothing went up within 10 s"
+            time.sleep(0.02)
+        assert manifests.latest(store).partitions["s/0"].committed_end > 0
