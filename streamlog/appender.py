@@ -318,17 +318,20 @@ class Appender:
         self.partition.index.sync()
 
 
-def roll_if_due(part, incoming_bytes: int) -> None:
+def roll_if_due(part, incoming_bytes: int, *, age_max_s: float | None = None) -> bool:
     """Writer, under the commit lock: seal the active segment and start the next one
-    when `incoming_bytes` would make it too big, or it is too old."""
+    when `incoming_bytes` would make it too big, or it is older than `age_max_s` (by
+    default the config's segment_age_max_s). An empty segment never rolls. Returns
+    True when it rolled."""
     state, config = part.state, part.config
     segment = state.segments.active
     if segment.size_bytes == 0:
-        return
+        return False
+    age_max_s = config.segment_age_max_s if age_max_s is None else age_max_s
     too_big = segment.size_bytes + incoming_bytes > config.segment_bytes_max
-    too_old = part.clock.monotonic_s() - segment.created_monotonic > config.segment_age_max_s
+    too_old = part.clock.monotonic_s() - segment.created_monotonic > age_max_s
     if not (too_big or too_old):
-        return
+        return False
     segment.fsync()  # a sealed segment is always durable, whatever the policy
     segment.seal(part.clock.wall_us(), state.end_offset)
     new = Segment(part.fileio, part.directory, state.end_offset, writable=True, create=True,
@@ -336,6 +339,7 @@ def roll_if_due(part, incoming_bytes: int) -> None:
     part.fileio.fsync_dir(part.directory)
     part.publish(segments=state.segments.rolled(new), active_position=0)
     part.index.set_recovery_point(recovery_point(part.state))
+    return True
 
 
 def sync_active(part) -> None:

@@ -72,6 +72,10 @@ class LogConfig:
     # at most this many bytes per second; None: off (the daemon turns it on).
     scrub_bytes_per_s: int | None = None
     scrub_interval_s: float = 3600.0
+    # A log tiered to a store (open_log(remote=...), durability "local"): a segment that
+    # has taken appends is sealed once it is this old, appends or not, so the store lags
+    # the log by at most about this long (remote/tiering.py).
+    remote_max_lag_s: float = 60.0
 
     def validate(self) -> "LogConfig":
         """Return a copy with enums normalised, or raise InvalidArgument naming the option."""
@@ -111,6 +115,9 @@ class LogConfig:
             if not _is_number(value) or not 0 < value <= 60:
                 raise InvalidArgument(f"{name} must be a number of seconds in (0, 60] "
                                       f"(got {value!r})")
+        if not _is_number(self.remote_max_lag_s) or self.remote_max_lag_s <= 0:
+            raise InvalidArgument(f"remote_max_lag_s must be a positive number of seconds "
+                                  f"(got {self.remote_max_lag_s!r})")
         if not _is_number(self.scrub_interval_s) or self.scrub_interval_s < 0:
             raise InvalidArgument(f"scrub_interval_s must be a number of seconds >= 0 "
                                   f"(got {self.scrub_interval_s!r})")

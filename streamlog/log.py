@@ -98,7 +98,9 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         from .remote.tiering import Tiering  # (only a tiered log loads the store's code)
         writer = f"{socket.gethostname()}:{os.getpid()}:{self.clock.wall_us()}"
         try:
-            self.tiering = Tiering(store, self._all_partitions, writer=writer).start()
+            self.tiering = Tiering(store, self._all_partitions, writer=writer,
+                                   interval_s=min(1.0, self.config.remote_max_lag_s / 4),
+                                   lag_max_s=self.config.remote_max_lag_s).start()
         except BaseException:
             self.close()
             raise

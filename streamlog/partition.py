@@ -27,7 +27,7 @@ import asyncio
 import threading
 
 from . import catchup, holds, maintenance, opening, refresh, txn_jobs
-from .appender import Appender, Pending, Waiter
+from .appender import Appender, Pending, Waiter, roll_if_due
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from .errors import InvalidArgument, LogClosed, OffsetOutOfRange, PartitionFailed, ReadOnlyLog
@@ -211,6 +211,15 @@ class Partition:
             txn_jobs.abort_reopened(self)
             self.index.sync()  # the index runs without sync; make this change stick
             return self._state.end_offset
+
+    def roll_if_older(self, age_s: float) -> bool:
+        """Seal the active segment when it holds records and is older than `age_s`,
+        appends or not (a job on the writer thread: a tiered log's store lags by at most
+        that). Returns True when it rolled."""
+        def job() -> bool:
+            with self.exclusive:
+                return roll_if_due(self, 0, age_max_s=age_s)
+        return self.run_job(job)
 
     def apply_retention(self, now_us: int) -> list[str]:
         """Delete whole sealed segments past the age or size bound; never one holding an

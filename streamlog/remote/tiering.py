@@ -9,6 +9,9 @@ lock. Opening takes the log over in the store (`take_over`: a new epoch, the new
 wins); a round whose commit meets a newer epoch is `Fenced`: the job stops for good and
 says so (`error`). Local retention never removes a segment the store lacks: the job
 holds each partition's remote committed end as a reader would (Partition.hold).
+A segment that has taken appends is sealed once it is `lag_max_s` old, appends or not
+(Partition.roll_if_older, config.remote_max_lag_s), so the store lags the log by at
+most about that even when the log goes quiet.
 
 The store down or slow: a round's error is kept (`error`), logged once per kind, and the
 next round tries again after `retry_s` (the store port's Retrying handles the backoff
@@ -22,7 +25,7 @@ import dataclasses
 import logging
 import threading
 
-from ..errors import Fenced, StoreError
+from ..errors import Fenced, LogClosed, PartitionFailed, ReadOnlyLog, StoreError
 from . import manifest as manifests
 from .manifest import Manifest, PartitionManifest
 from .segment_object import upload
@@ -35,10 +38,11 @@ class Tiering:
     asked again each round: streams come and go) to `store`."""
 
     def __init__(self, store, partitions, *, writer: str, interval_s: float = 1.0,
-                 retry_s: float = 5.0) -> None:
+                 retry_s: float = 5.0, lag_max_s: float | None = None) -> None:
         self.store = store
         self._partitions = partitions
         self.interval_s = interval_s
+        self.lag_max_s = lag_max_s  # seal an active segment older than this (None: never)
         self.retry_s = retry_s
         self.manifest: Manifest = manifests.take_over(store, writer)  # fences the older
         self.error: BaseException | None = None
@@ -89,6 +93,12 @@ class Tiering:
             current = self.manifest
             proposed, uploaded, parts = current, 0, list(self._partitions())
             streams = dict(current.streams)
+            if self.lag_max_s is not None:
+                for part in parts:  # an idle segment seals too, so the store keeps up
+                    try:
+                        part.roll_if_older(self.lag_max_s)
+                    except (LogClosed, PartitionFailed, ReadOnlyLog):
+                        pass  # nothing more is written there: what is sealed goes up
             for part in parts:
                 stream, _, number = part.name.rpartition("/")
                 streams[stream] = max(streams.get(stream, 0), int(number) + 1)

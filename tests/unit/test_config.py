@@ -37,6 +37,8 @@ BAD_OPTIONS = [
     ("zstd_level", True),
     ("zstd_level", 2.0),
     ("segment_age_max_s", "1h"),
+    ("remote_max_lag_s", 0),
+    ("remote_max_lag_s", "60s"),
     ("segment_age_max_s", True),
     ("retention_age_s", "1d"),
     ("retention_bytes", "1GB"),

@@ -128,3 +128,21 @@ def test_the_background_job_uploads_by_itself(disk):
             assert time.monotonic() < deadline, "nothing went up within 10 s"
             time.sleep(0.02)
         assert manifests.latest(store).partitions["s/0"].committed_end > 0
+
+
+def test_an_idle_segment_rolls_and_goes_up_after_the_lag_bound(disk):
+    from streamlog.testing.clock import ManualClock
+    clock = ManualClock()
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, clock=clock, remote_max_lag_s=5,
+                            **disk, **SMALL) as log:
+        log.create_stream("s")
+        log.tiering.close()
+        fill(log, 3)  # far from a full segment
+        assert log.tiering.run_once() == 0  # young: nothing sealed, nothing up
+        clock.advance(6)
+        assert log.tiering.run_once() == 1
+        assert log.tiering.committed_end("s/0") == 3 == log.end_offset("s")
+        clock.advance(6)
+        assert log.tiering.run_once() == 0  # the new segment is empty: it never rolls
+        assert len(log._partition("s", 0).state.segments) == 2
