@@ -53,9 +53,10 @@ def run(args) -> int:
         streams: dict = {}
         for row in rows:
             streams.setdefault(row.pop("stream"), {"partitions": []})["partitions"].append(row)
-        sys.stdout.write(json.dumps({"path": path, "streams": streams}) + "\n")
+        remote = {"remote": described["remote"]} if "remote" in described else {}
+        sys.stdout.write(json.dumps({"path": path, "streams": streams, **remote}) + "\n")
     else:
-        sys.stdout.write(_info_table(path, rows))
+        sys.stdout.write(_info_table(path, rows, described.get("remote")))
     return EXIT_OK
 
 
@@ -71,7 +72,9 @@ def _info_row(stream: str, part: dict) -> dict:
             "segments": part["segments"], "bytes": part["bytes"],
             "tail": recovery["tail"], "corruption": recovery["corruption"],
             "index_problem": recovery.get("index_problem"), "verified": verified,
-            "holds": part.get("holds") or {}}
+            "holds": part.get("holds") or {},
+            **({"remote_committed_offset": part["remote_committed_offset"]}
+               if "remote_committed_offset" in part else {})}
 
 
 def _verified_cell(verified: dict | None) -> str:
@@ -88,7 +91,7 @@ _INFO_COLUMNS = (("STREAM", "stream"), ("PART", "partition"), ("START", "start_o
                  ("MAX US", "max_timestamp_us"))
 
 
-def _info_table(path: str, rows: list[dict]) -> str:
+def _info_table(path: str, rows: list[dict], remote: dict | None = None) -> str:
     streams = len({row["stream"] for row in rows})
     head = f"log {path}: {streams} stream{'s' if streams != 1 else ''}\n"
     if not rows:
@@ -103,6 +106,13 @@ def _info_table(path: str, rows: list[dict]) -> str:
              for line in cells]
     notes = [f"{row['stream']}/{row['partition']}: {row['corruption']}"
              for row in rows if row["corruption"]]
+    if remote is not None:  # a log tiered to a store (seen through its daemon)
+        notes.append(f"tiered to {remote.get('url')}: manifest generation "
+                     f"{remote.get('generation')}, epoch {remote.get('epoch')}"
+                     + (f", error: {remote['error']}" if remote.get("error") else ""))
+        notes += [f"{row['stream']}/{row['partition']}: in the store up to offset "
+                  f"{row['remote_committed_offset']} (exclusive)"
+                  for row in rows if "remote_committed_offset" in row]
     notes += [f"{row['stream']}/{row['partition']}: index rebuilt in memory: "
               f"{row['index_problem']}" for row in rows if row["index_problem"]]
     for row in rows:

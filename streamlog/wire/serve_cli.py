@@ -84,6 +84,17 @@ Kafka:
   (explicitly) lets any client in without SASL. A "kafka_listening" line, just before
   "listening", names kafka_port.
 
+object store:
+  --remote s3://BUCKET/PREFIX tiers the log to an S3-compatible object store:
+  sealed segments go up in the background with their index objects, and a segment that
+  has taken appends seals once it is --remote-max-lag-s old (default 60), so the store
+  lags by about that at most. The endpoint and credentials come from AWS_ENDPOINT_URL,
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION (`./dev store` starts one on
+  loopback and prints them). Starting takes the log over in the store: an older writer
+  of it is fenced. --durability local (the default, and for now the only one): an
+  acknowledged append is durable on this machine's disk. `streamlog info
+  streamlog://HOST:PORT --json` shows each partition's remote_committed_offset.
+
 logs and stopping:
   JSON lines on stderr, one event each. SIGTERM (or Ctrl-C) drains: the ports close,
   appends already received finish (an acknowledged append is durable under --fsync),
@@ -101,6 +112,7 @@ examples:
   streamlog serve data/log --port 9100 --metrics-port none  # no HTTP port
   streamlog serve data/log --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
   streamlog serve data/log --kafka-port 9092                # and Kafka clients on 9092
+  streamlog serve data/log --remote s3://streamlog/prod     # tiered to a store
   kcat -b 127.0.0.1:9092 -X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN \
        -X sasl.username=streamlog -X sasl.password="$STREAMLOG_TOKEN" -C -t events -e
   curl -s http://127.0.0.1:7542/healthz
@@ -159,6 +171,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kafka-auth", choices=("plain", "none"), default="plain",
                         help="Kafka clients' authentication: SASL/PLAIN with user "
                              "'streamlog' and the token (default), or none")
+    parser.add_argument("--remote", metavar="URL",
+                        help="tier the log to an object store: s3://BUCKET/PREFIX "
+                             "(endpoint and keys from the AWS_* variables)")
+    parser.add_argument("--durability", choices=("local",), default="local",
+                        help="what an acknowledgement means with --remote: local (the "
+                             "local fsync; sealed segments go up in the background)")
+    parser.add_argument("--remote-max-lag-s", type=float, default=60.0, metavar="S",
+                        help="seal and upload a segment that has taken appends once it "
+                             "is this old (default 60)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -172,6 +193,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.log.startswith(("streamlog://", "streamlog+tls://")):
         _say(f"LOG is the log directory to serve, not a daemon URL ({args.log})")
+        return EXIT_USAGE
+    if args.remote is not None and not args.remote.startswith("s3://"):
+        _say(f"--remote takes an s3://BUCKET/PREFIX URL (got {args.remote})")
         return EXIT_USAGE
     try:
         metrics_port = metrics_port_for(args.port, args.metrics_port)
@@ -265,7 +289,8 @@ def _open_log(args: argparse.Namespace, metrics: Metrics):
     from ..connect import open_log
     log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                    fileio=TimedFileIO(metrics.fsync_seconds),
-                   scrub_interval_s=args.scrub_interval_s)
+                   scrub_interval_s=args.scrub_interval_s, remote=args.remote,
+                   remote_max_lag_s=args.remote_max_lag_s)
     if args.scrub_mib_per_s > 0:
         log.start_scrubber(bytes_per_s=max(int(args.scrub_mib_per_s * (1 << 20)), 1),
                            on_result=lambda result: count_scrub_result(metrics, result))

@@ -16,6 +16,7 @@ Two parts:
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import threading
 import time
@@ -386,3 +387,37 @@ def test_a_log_tiered_to_the_real_store(tmp_path, s3_server):
     with streamlog.open_log(tmp_path / "log", readonly=True) as log:
         local = log._partition("s", 0).state.segments[0]
         assert store.get(first.key) == local.read(0, local.size_bytes)
+
+
+@pytest.mark.xdist_group("s3")
+def test_a_daemon_serves_a_tiered_log(tmp_path, s3_server, monkeypatch):
+    import json
+    import subprocess
+    import sys
+    import streamlog
+    from streamlog.testing.serve import ServeProcess
+    for name, value in s3_server.env.items():  # the daemon finds the store as a user's
+        monkeypatch.setenv(name, value)
+    url = s3_server.url(s3_server.new_prefix())
+    daemon = ServeProcess(tmp_path / "log", "--remote", url, "--remote-max-lag-s", "1",
+                          token="t")
+    try:
+        with streamlog.open_log(daemon.url, token="t") as log:
+            log.create_stream("s")
+            log.append_batch_sync("s", [b"%d" % i for i in range(10)])
+        store = S3Store.from_url(url, s3_server.storage_options, environ={})
+        deadline = time.monotonic() + 30
+        while True:  # the idle segment seals after 1 s and goes up
+            latest = manifest.latest(store)
+            if latest is not None and latest.partitions.get("s/0") and (
+                    latest.partitions["s/0"].committed_end == 10):
+                break
+            assert time.monotonic() < deadline, f"not in the store: {latest}"
+            time.sleep(0.2)
+        shown = subprocess.run([sys.executable, "-m", "streamlog", "info", daemon.url,
+                                "--json"], capture_output=True, text=True,
+                               env={**os.environ, "STREAMLOG_TOKEN": "t"}, check=True)
+        (part,) = json.loads(shown.stdout)["streams"]["s"]["partitions"]
+        assert part["remote_committed_offset"] == 10
+    finally:
+        daemon.stop()
