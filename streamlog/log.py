@@ -28,7 +28,7 @@ from . import directory, layout
 from .append import AppendRules, Submission, check_partition
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
-from .errors import InvalidArgument, LogClosed, ReadOnlyLog, UnknownStream
+from .errors import Fenced, InvalidArgument, LogClosed, ReadOnlyLog, UnknownStream
 from .frame import ProducerStamp
 from .locks import WriterRegistry
 from .log_admin import AdminOperations
@@ -357,8 +357,12 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 
     def _admit(self, submission: Submission) -> list[Partition]:
         """The partitions a submission goes to, in its order, its transaction checked
-        in each (txn_jobs.check_appendable)."""
+        in each (txn_jobs.check_appendable). Fenced once a newer writer has taken a
+        tiered log over in its store."""
         partitions = self._writable(submission.stream)
+        if self.tiering is not None and self.tiering.fenced:
+            raise Fenced(f"the log at {self.path} was taken over in its store by a newer "
+                         f"writer: this one appends no more ({self.tiering.error})")
         targets = [partitions[number] for number in submission.pieces]
         if submission.txn_id:
             for part in targets:

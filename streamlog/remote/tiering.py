@@ -6,8 +6,10 @@ yet, partition by partition in offset order, with its index object (segment_obje
 and commits one manifest generation per round naming all of them (manifest.py). A
 sealed segment never changes, so it is read from its local file without the writer's
 lock. Opening takes the log over in the store (`take_over`: a new epoch, the newest open
-wins); a round whose commit meets a newer epoch is `Fenced`: the job stops for good and
-says so (`error`). Local retention never removes a segment the store lacks: the job
+wins); a round whose commit meets a newer epoch, or that finds a newer epoch's generation when
+it starts, is `Fenced`: the job stops for good and says so (`error`), and the log
+refuses appends from then on (Log.submit): an older writer learns of a take-over within
+one interval, or at its next upload's commit. Local retention never removes a segment the store lacks: the job
 holds each partition's remote committed end as a reader would (Partition.hold).
 A segment that has taken appends is sealed once it is `lag_max_s` old, appends or not
 (Partition.roll_if_older, config.remote_max_lag_s), so the store lags the log by at
@@ -90,6 +92,7 @@ class Tiering:
         with self._round_lock:
             if self.fenced:
                 raise Fenced("a newer writer took this log over in the store")
+            self._check_not_taken_over()
             current = self.manifest
             proposed, uploaded, parts = current, 0, list(self._partitions())
             streams = dict(current.streams)
@@ -118,6 +121,17 @@ class Tiering:
             for part in parts:  # local retention keeps what the store does not have
                 self.keep(part)
             return uploaded
+
+    def _check_not_taken_over(self) -> None:
+        """Fenced (for good) when a newer writer has committed a generation with a
+        higher epoch: each round looks, so an older writer learns of a take-over within
+        one interval even when it has nothing to upload (one LIST and one GET)."""
+        newest = manifests.latest(self.store)
+        if newest is not None and newest.epoch > self.manifest.epoch:
+            self.fenced = True
+            raise Fenced(f"the log was taken over by a newer writer (epoch {newest.epoch}, "
+                         f"{newest.writer}); this writer (epoch {self.manifest.epoch}) "
+                         f"stops")
 
     def _upload_partition(self, proposed: Manifest, part) -> tuple[Manifest, int, int]:
         state = part.state

@@ -146,3 +146,25 @@ def test_an_idle_segment_rolls_and_goes_up_after_the_lag_bound(disk):
         clock.advance(6)
         assert log.tiering.run_once() == 0  # the new segment is empty: it never rolls
         assert len(log._partition("s", 0).state.segments) == 2
+
+
+def test_an_older_writer_learns_of_a_take_over_and_appends_no_more(disk):
+    bucket = MemoryBucket()
+    older = streamlog.open_log("/memory/a", remote=MemoryStore(bucket), **disk, **SMALL)
+    try:
+        older.create_stream("s")
+        older.tiering.close()
+        fill(older, 5)
+        older.tiering.run_once()  # nothing sealed yet: a round that only looks
+        other = {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
+        with streamlog.open_log("/memory/b", remote=MemoryStore(bucket), **other, **SMALL):
+            fill(older, 1, start=5)  # not yet known: the older one still appends locally
+            with pytest.raises(Fenced, match="epoch 2"):
+                older.tiering.run_once()  # nothing to upload, and still it finds out
+            with pytest.raises(Fenced, match="taken over"):
+                older.append_sync("s", b"late")
+            with pytest.raises(Fenced):
+                older.append_batch_sync("s", [b"a", b"b"])
+            assert older.end_offset("s") == 6  # nothing after the take-over was known
+    finally:
+        older.close()
