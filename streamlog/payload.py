@@ -78,7 +78,7 @@ def encode_payload(timestamps_us, keys, values, kinds=None, headers=None) -> tup
     `kinds` None means all DATA; `headers` None means no record has headers. The caller
     has validated types and sizes (validate.records).
     """
-    payload, flags, _ = encode_payload_columns(timestamps_us, keys, values, kinds, headers)
+    payload, flags, _ = _encode(timestamps_us, keys, values, kinds, headers)
     return payload, flags
 
 
@@ -89,6 +89,21 @@ def encode_payload_columns(timestamps_us, keys, values, kinds=None, headers=None
     arrays the payload was made from, and views of its blobs), for a frame at
     `base_offset`: the writer hands them to the live tail without decoding what it has
     just encoded. Returns (payload, flags, columns)."""
+    payload, flags, made = _encode(timestamps_us, keys, values, kinds, headers)
+    timestamps, key_lengths, value_lengths, header_lengths, kind_column, blobs_at, \
+        keys_bytes, values_bytes = made
+    view = memoryview(payload)
+    values_at = blobs_at + keys_bytes
+    headers_at = values_at + values_bytes
+    return payload, flags, Columns(
+        base_offset, timestamps, kind_column, key_lengths, value_lengths, header_lengths,
+        view[blobs_at:values_at], view[values_at:headers_at],
+        view[headers_at:] if header_lengths is not None else None, txn_id, view, producer)
+
+
+def _encode(timestamps_us, keys, values, kinds, headers):
+    """(payload, flags, (timestamps, key lengths, value lengths, header lengths or
+    None, kinds or None, where the blobs start, keys' and values' blob sizes))."""
     n = len(values)
     assert n >= 1
     assert len(keys) == n and len(timestamps_us) == n
@@ -107,21 +122,14 @@ def encode_payload_columns(timestamps_us, keys, values, kinds=None, headers=None
         flags |= FLAG_HAS_CONTROL
         kind_column = np.asarray(kinds, dtype="u1")
         parts.append(kind_column.tobytes())
-    fixed = sum(map(len, parts))
+    blobs_at = sum(map(len, parts))
     key_blob = b"".join(filter(None, keys))  # skips None and b"" at C speed
     value_blob = b"".join(values)
     parts += [key_blob, value_blob]
     if header_blobs is not None:
         parts.append(b"".join(header_blobs))
-    payload = b"".join(parts)
-    view = memoryview(payload)
-    values_at = fixed + len(key_blob)
-    headers_at = values_at + len(value_blob)
-    columns = Columns(base_offset, timestamps, kind_column, key_lengths, value_lengths,
-                      header_lengths, view[fixed:values_at], view[values_at:headers_at],
-                      view[headers_at:] if header_blobs is not None else None, txn_id, view,
-                      producer)
-    return payload, flags, columns
+    return b"".join(parts), flags, (timestamps, key_lengths, value_lengths, header_lengths,
+                                    kind_column, blobs_at, len(key_blob), len(value_blob))
 
 
 @dataclasses.dataclass(slots=True)

@@ -98,6 +98,11 @@ class Tiering:
             streams = dict(current.streams)
             if self.lag_max_s is not None:
                 for part in parts:  # an idle segment seals too, so the store keeps up
+                    active = part.state.segments.active if part.state.segments else None
+                    if active is None or active.size_bytes == 0 or (
+                            part.clock.monotonic_s() - active.created_monotonic
+                            <= self.lag_max_s):
+                        continue  # (no job on the writer thread for a young or empty one)
                     try:
                         part.roll_if_older(self.lag_max_s)
                     except (LogClosed, PartitionFailed, ReadOnlyLog):

@@ -5,6 +5,8 @@ older writer's job. In memory: MemoryFileIO, MemoryIndexStorage, MemoryStore."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 import streamlog
@@ -85,26 +87,35 @@ def test_local_retention_keeps_what_the_store_lacks(disk):
         assert [r.offset for r in log.reader("s")][0] == end
 
 
-def test_a_newer_open_fences_the_older_writers_tiering(disk):
+@contextlib.contextmanager
+def taken_over(disk, records: int):
+    """(older, newer): a writer of stream "s" that appended `records` and ran one
+    round, then a second writer of the same store (another machine's disk) that took
+    the log over."""
     bucket = MemoryBucket()
     older = streamlog.open_log("/memory/a", remote=MemoryStore(bucket), **disk, **SMALL)
     try:
         older.create_stream("s")
         older.tiering.close()
-        fill(older, 60)
+        fill(older, records)
         older.tiering.run_once()
         other = {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
         with streamlog.open_log("/memory/b", remote=MemoryStore(bucket), **other,
                                 **SMALL) as newer:
-            assert newer.tiering.manifest.epoch == older.tiering.manifest.epoch + 1
-            fill(older, 60, start=60)
-            with pytest.raises(Fenced):
-                older.tiering.run_once()
-            assert older.info()["remote"]["fenced"] is True
-            with pytest.raises(Fenced):  # and for good
-                older.tiering.run_once()
+            yield older, newer
     finally:
         older.close()
+
+
+def test_a_newer_open_fences_the_older_writers_tiering(disk):
+    with taken_over(disk, 60) as (older, newer):
+        assert newer.tiering.manifest.epoch == older.tiering.manifest.epoch + 1
+        fill(older, 60, start=60)
+        with pytest.raises(Fenced):
+            older.tiering.run_once()
+        assert older.info()["remote"]["fenced"] is True
+        with pytest.raises(Fenced):  # and for good
+            older.tiering.run_once()
 
 
 def test_remote_must_be_an_s3_url_or_a_store(disk):
@@ -149,22 +160,13 @@ def test_an_idle_segment_rolls_and_goes_up_after_the_lag_bound(disk):
 
 
 def test_an_older_writer_learns_of_a_take_over_and_appends_no_more(disk):
-    bucket = MemoryBucket()
-    older = streamlog.open_log("/memory/a", remote=MemoryStore(bucket), **disk, **SMALL)
-    try:
-        older.create_stream("s")
-        older.tiering.close()
-        fill(older, 5)
-        older.tiering.run_once()  # nothing sealed yet: a round that only looks
-        other = {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
-        with streamlog.open_log("/memory/b", remote=MemoryStore(bucket), **other, **SMALL):
-            fill(older, 1, start=5)  # not yet known: the older one still appends locally
-            with pytest.raises(Fenced, match="epoch 2"):
-                older.tiering.run_once()  # nothing to upload, and still it finds out
-            with pytest.raises(Fenced, match="taken over"):
-                older.append_sync("s", b"late")
-            with pytest.raises(Fenced):
-                older.append_batch_sync("s", [b"a", b"b"])
-            assert older.end_offset("s") == 6  # nothing after the take-over was known
-    finally:
-        older.close()
+    # 5 records: nothing sealed yet, so the older one's round only looked
+    with taken_over(disk, 5) as (older, _):
+        fill(older, 1, start=5)  # not yet known: the older one still appends locally
+        with pytest.raises(Fenced, match="epoch 2"):
+            older.tiering.run_once()  # nothing to upload, and still it finds out
+        with pytest.raises(Fenced, match="taken over"):
+            older.append_sync("s", b"late")
+        with pytest.raises(Fenced):
+            older.append_batch_sync("s", [b"a", b"b"])
+        assert older.end_offset("s") == 6  # nothing after the take-over was known
