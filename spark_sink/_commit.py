@@ -36,7 +36,7 @@ import contextlib
 import logging
 import os
 
-from streamlog import InvalidArgument, RecordKind, StreamLogError
+from streamlog import InvalidArgument, ProducerFenced, RecordKind, StreamLogError
 from streamlog.records import RECORD_OVERHEAD_BYTES
 
 from ._options import TRUNCATE, SinkOptions
@@ -131,7 +131,7 @@ def commit_streaming(options: SinkOptions, paths: list[str], batch_id: int, tag:
                 _marker(target, options.stream, number, tag, batch_id)
             else:
                 _append_in_txn(target, options.stream, number, runs[number], tag,
-                               f"{batch_id}", producer=_producer(target, options, number, tag))
+                               f"{batch_id}", producer=_QueryProducer(target, options, number, tag))
             outcomes[number] = "committed"
     return outcomes
 
@@ -149,23 +149,42 @@ def commit_once(options: SinkOptions, paths: list[str], tag: str, note: str) -> 
 _EPOCHS: dict[tuple, int] = {}
 
 
-def _producer(target, options: SinkOptions, number: int, tag: str) -> tuple[str, int]:
-    """(transactional id, epoch) of the query's producer for partition `number`,
-    started (its predecessors' open transactions aborted) on first use here."""
-    producer = f"{tag}/{number}"
-    key = (os.path.realpath(options.path), options.stream, number, producer)
-    if key not in _EPOCHS:
-        _EPOCHS[key] = target.init_producer(options.stream, number, producer)
-    return producer, _EPOCHS[key]
+class _QueryProducer:
+    """The query's producer for partition `number`: (transactional id, epoch), started
+    (its predecessors' open transactions aborted) on first use in this process.
+
+    Spark may run successive commits of one query in different Python processes, each
+    starting the producer and so fencing the others' cached epochs. That fence is not
+    a zombie's: Spark runs one commit of a query at a time, and this one has checked
+    the partition's marker already. So a begin refused with a cached epoch starts the
+    producer again, once; an epoch this process has just started is never retried."""
+
+    def __init__(self, target, options: SinkOptions, number: int, tag: str):
+        self.target, self.stream, self.number = target, options.stream, number
+        self.id = f"{tag}/{number}"
+        self.key = (os.path.realpath(options.path), options.stream, number, self.id)
+
+    def begin(self) -> int:
+        cached = self.key in _EPOCHS
+        if not cached:
+            _EPOCHS[self.key] = self.target.init_producer(self.stream, self.number, self.id)
+        try:
+            return self.target.begin_txn(self.stream, self.number, self.id, _EPOCHS[self.key])
+        except ProducerFenced:
+            del _EPOCHS[self.key]
+            if not cached:
+                raise
+            log.info("producer %s was started by another process since; starting it again",
+                     self.id)
+            return self.begin()
 
 
 def _append_in_txn(target, stream: str, number: int, runs, tag: str, batch: str, *,
-                   producer: tuple[str, int] | None = None) -> None:
+                   producer: _QueryProducer | None = None) -> None:
     """The rows in one transaction (begun by `producer` when given), committed with
     the marker "<batch> <end offset before the commit>". (The offset is for a reader's
     information: other processes may append between the rows and the commit.)"""
-    txn_id = (target.new_txn_id() if producer is None
-              else target.begin_txn(stream, number, *producer))
+    txn_id = target.new_txn_id() if producer is None else producer.begin()
     try:
         _append_runs(target, stream, number, runs, txn_id=txn_id)
         offset = target.end_offset(stream, number)

@@ -228,3 +228,48 @@ def test_a_killed_commit_is_aborted_at_the_restarts_first_commit_beside_a_produc
     finally:
         producer.kill()
         producer.wait(10)
+
+
+def test_commits_that_alternate_between_processes_fence_nothing_of_their_own(tmp_path):
+    """Spark may run a query's successive commits in different Python processes. Each
+    process starts the query's producer on its first commit, which fences the epoch
+    another process cached: that process's next commit starts the producer again
+    rather than failing the query, and every batch lands exactly once."""
+    options = sink(tmp_path / "log")
+    child = ("import sys\n"
+             "from spark_sink._commit import commit_streaming\n"
+             "from spark_sink._options import parse_sink_options\n"
+             "options = parse_sink_options({'path': sys.argv[1], 'stream': 'out',\n"
+             "                              'partitions': '2'})\n"
+             "print(commit_streaming(options, [sys.argv[2]], int(sys.argv[3]), sys.argv[4]))\n")
+    for batch_id in range(4):
+        path = stage(options, batch_id, batch_values(batch_id))
+        if batch_id % 2:
+            done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "log"), path,
+                                   str(batch_id), TAG], capture_output=True, text=True,
+                                  timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert "committed" in done.stdout
+        else:  # this process: its cached epoch was fenced by the child's commit
+            assert set(commit_streaming(options, [path], batch_id, TAG).values()) == {"committed"}
+    assert visible(tmp_path / "log") == sorted(v for b in range(4) for v in batch_values(b))
+    assert [m[0] for m in markers(tmp_path / "log")] == [3, 3]
+
+
+def test_a_producer_fenced_right_after_starting_it_is_not_retried(tmp_path, monkeypatch):
+    """Only an epoch cached from an earlier commit is started again: one this commit
+    started and then found fenced means a second writer under the same tag, and the
+    commit fails with ProducerFenced."""
+    from spark_sink import _commit
+    options = sink(tmp_path / "log")
+    path = stage(options, 0, batch_values(0))
+    monkeypatch.setattr(_commit, "_EPOCHS", {})
+    real_begin = streamlog.Log.begin_txn
+
+    def begin_after_a_rival(self, stream, number, producer, epoch):
+        self.init_producer(stream, number, producer)  # a rival starts it in between
+        return real_begin(self, stream, number, producer, epoch)
+
+    monkeypatch.setattr(streamlog.Log, "begin_txn", begin_after_a_rival)
+    with pytest.raises(streamlog.ProducerFenced):
+        commit_streaming(options, [path], 0, TAG)
