@@ -11,11 +11,10 @@ crash recovery.
 
 from .api import LogAPI
 from .config import Compression, FsyncPolicy, LogConfig
-from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptSegment,
-                     DataLossError, InvalidAppend, InvalidArgument, LogClosed, LogLocked,
-                     OffsetOutOfRange,
-                     PartitionFailed, ProducerFenced, ReadOnlyLog, StreamLogError,
-                     UnknownStream)
+from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptObject,
+                     CorruptSegment, DataLossError, Fenced, InvalidAppend, InvalidArgument,
+                     LogClosed, LogLocked, OffsetOutOfRange, PartitionFailed, ProducerFenced,
+                     ReadOnlyLog, StoreError, StoreUnavailable, StreamLogError, UnknownStream)
 from .append import partition_for_key
 from .directory import writer_in_this_process
 from .connect import open_log
@@ -53,5 +52,6 @@ __all__ = [
     "ProducerFenced", "DataLossError", "Producer", "RecordFuture", "BufferFull",
     "ProducerTimeout",
     *_OPERATOR_NAMES,
-    "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex",
+    "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex", "CorruptObject",
+    "StoreError", "StoreUnavailable", "Fenced",
 ]

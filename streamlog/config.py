@@ -76,6 +76,11 @@ class LogConfig:
     # has taken appends is sealed once it is this old, appends or not, so the store lags
     # the log by at most about this long (remote/tiering.py).
     remote_max_lag_s: float = 60.0
+    # A log read from a store (open_log("s3://...")): look for a newer manifest
+    # generation this often (one GET when there is none), and keep up to this many
+    # bytes of segment objects in memory (remote/storefs.py).
+    remote_poll_ms: int = 1000
+    remote_cache_bytes: int = 256 * 1024 * 1024
 
     def validate(self) -> "LogConfig":
         """Return a copy with enums normalised, or raise InvalidArgument naming the option."""
@@ -92,7 +97,8 @@ class LogConfig:
         positive_ints = ("fsync_interval_ms", "segment_bytes_max", "record_bytes_max",
                          "frame_bytes_max", "batch_records_max", "inflight_appends_max",
                          "inflight_bytes_max", "tail_ring_batches_max", "tail_ring_bytes_max",
-                         "read_chunk_bytes", "partitions_max", "index_map_bytes")
+                         "read_chunk_bytes", "partitions_max", "index_map_bytes",
+                         "remote_poll_ms", "remote_cache_bytes")
         for name in positive_ints:
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:

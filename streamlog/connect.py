@@ -22,8 +22,10 @@ from .log import Log
 def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
              config: LogConfig | None = None, fileio=None, progress=None, clock=None,
              index_storage=None, remote=None, storage_options=None, **options) -> "Log":
-    """Open (and by default create) the log at directory `path`, or connect to the
-    daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN).
+    """Open (and by default create) the log at directory `path`, connect to the
+    daemon at a `streamlog://HOST:PORT` URL (token from STREAMLOG_TOKEN), or read the
+    log in an object store at an `s3://BUCKET/PREFIX` URL (or an ObjectStore given as
+    `path`): read-only, from any machine, with no local state (remote/view.py).
 
     Args:
         fsync: "always" | "interval" | "never" (see FsyncPolicy).
@@ -50,7 +52,8 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         Log: writer_in_this_process), CorruptionError when recovery finds mid-log
         corruption (writable opens). Other processes may have it open for writing.
     """
-    if not isinstance(path, (str, os.PathLike)):
+    from_store = isinstance(path, str) and path.startswith("s3://") or _is_store(path)
+    if not isinstance(path, (str, os.PathLike)) and not from_store:
         raise InvalidArgument(f"path must be a str or os.PathLike (got {type(path).__name__})")
     if isinstance(path, str) and path.startswith(("streamlog://", "streamlog+tls://")):
         from .wire.client import open_remote  # the daemon: same API over the network
@@ -63,6 +66,13 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         merged = dataclasses.replace(base, fsync=fsync, **options)
     except TypeError as error:
         raise InvalidArgument(str(error)) from None
+    if from_store:  # a log in an object store, read from here with no local state
+        if remote is not None or fileio is not None or index_storage is not None:
+            raise InvalidArgument("a log opened from its store URL takes no remote=, "
+                                  "fileio= or index_storage=")
+        from .remote.view import open_view
+        return open_view(_store_of(path, storage_options), merged.validate(),
+                         clock=clock or SYSTEM_CLOCK)
     store = None
     if remote is not None:
         if readonly:
@@ -72,6 +82,11 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
                fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK,
                index_storage=index_storage, remote=store)
+
+
+def _is_store(value) -> bool:
+    return all(callable(getattr(value, method, None))
+               for method in ("put", "get", "get_range", "get_ranges", "list", "delete"))
 
 
 def _store_of(remote, storage_options):
@@ -85,8 +100,7 @@ def _store_of(remote, storage_options):
         return Retrying(S3Store.from_url(remote, storage_options))
     if storage_options is not None:
         raise InvalidArgument("storage_options go with a remote URL, not a store object")
-    for method in ("put", "get", "get_range", "list", "delete"):
-        if not callable(getattr(remote, method, None)):
-            raise InvalidArgument(f"remote must be an s3:// URL or an object store "
-                                  f"(got a {type(remote).__name__})")
+    if not _is_store(remote):
+        raise InvalidArgument(f"remote must be an s3:// URL or an object store "
+                              f"(got a {type(remote).__name__})")
     return remote

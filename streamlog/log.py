@@ -68,6 +68,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self.closed = False
         self.scrubber = None
         self.tiering = None  # remote/tiering.py, when the log is tiered to a store
+        self.remote_view = None  # remote/view.py's poller, when read from a store
         try:
             self._prepare_directory(create)
         except BaseException:
@@ -459,6 +460,8 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
                 self.scrubber.stop()
             if self.tiering is not None:
                 self.tiering.close()
+            if self.remote_view is not None:
+                self.remote_view.close()
             self._close_partitions()
             for part in self._retired:
                 part.close()

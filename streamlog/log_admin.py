@@ -123,12 +123,16 @@ class AdminOperations:
         store, its remote state ("remote") and each partition's remote committed end
         (exclusive, like end_offset)."""
         out = {"path": self.path, "streams": {}}
-        tiering = self.tiering
-        if tiering is not None:
-            out["remote"] = {"url": getattr(tiering.store, "url", None),
-                             "generation": tiering.manifest.generation,
-                             "epoch": tiering.manifest.epoch, "fenced": tiering.fenced,
-                             "error": None if tiering.error is None else str(tiering.error)}
+        tiering, view = self.tiering, self.remote_view
+        remote = tiering.manifest if tiering is not None else (
+            view.fs.manifest if view is not None else None)
+        if remote is not None:
+            error = (tiering or view).error
+            out["remote"] = {"url": getattr((tiering or view.fs).store, "url", None),
+                             "generation": remote.generation, "epoch": remote.epoch,
+                             "writer": remote.writer,
+                             "fenced": tiering.fenced if tiering is not None else None,
+                             "error": None if error is None else str(error)}
         for stream in self.streams():
             parts = []
             for part in self._partitions(stream):
@@ -145,8 +149,15 @@ class AdminOperations:
                     "recovery": part.report.as_dict(),
                     "verified": read_scrub_status(self.fileio, part.directory),
                     "holds": holds_module.read_holds(self.fileio, part.directory)})
-                if tiering is not None:
-                    parts[-1]["remote_committed_offset"] = tiering.committed_end(part.name)
+                if remote is not None:
+                    found = remote.partitions.get(part.name)
+                    committed = found.committed_end if found is not None else 0
+                    parts[-1]["remote_committed_offset"] = committed
+                    # what the store lacks yet: records and bytes of local segments
+                    parts[-1]["remote_lag_records"] = max(0, part.end_offset - committed)
+                    parts[-1]["remote_lag_bytes"] = sum(
+                        segment.size_bytes for segment in part.segments
+                        if segment.base_offset >= committed)
             out["streams"][stream] = {"partitions": parts}
         return out
 

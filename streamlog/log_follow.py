@@ -36,6 +36,8 @@ class FollowOperations:
             return
         with self._lock:
             self._check_open()
+            if self.remote_view is not None:
+                self.remote_view.poll()  # a log read from a store: its newest generation
             for name in self._stream_names():
                 if name not in self._streams:
                     self._open_stream(name, None)

@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from ..errors import CorruptObject, Fenced, PreconditionFailed
+from ..errors import CorruptObject, Fenced, ObjectNotFound, PreconditionFailed
 
 MAGIC = b"streamlog-manifest"
 VERSION = 1
@@ -153,6 +153,20 @@ def latest(store) -> Manifest | None:
         return None
     key = key_of(generations[-1])
     return decode(store.get(key), key)
+
+
+def newer(store, manifest: Manifest) -> Manifest:
+    """The newest generation after `manifest` (itself when there is none), found by
+    asking for the next generations' keys one by one: a poll costs one GET when
+    nothing changed, and no listing of every generation."""
+    current = manifest
+    while True:
+        key = key_of(current.generation + 1)
+        try:
+            data = store.get(key)
+        except ObjectNotFound:
+            return current
+        current = decode(data, key)
 
 
 def commit(store, manifest: Manifest) -> Manifest:

@@ -15,13 +15,19 @@ removes it after the grace period. Pure but for `upload`, which puts the two obj
 (the caller commits the manifest generation that names them).
 
 Index object: one line `streamlog-segment-index 1 <xxh3-64 of the body, hex>`, then
-seven little-endian columns of n values each: base offsets, positions (i64), record
-counts, frame sizes (i32), min and max timestamps, running max after the frame (i64).
+the body: n (u64), seven little-endian columns of n values each: base offsets,
+positions (i64), record counts, frame sizes (i32), min and max timestamps, running max
+after the frame (i64); then the segment's transaction events (what recovery derives
+from its frames: opens, commits with their tags and markers, aborts) as one JSON list
+of [txn id, state, offset, tag or null, marker as hex or null]. With them a reader
+knows every transaction's outcome (read_committed, last_commit) from the index objects
+alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import xxhash
@@ -29,6 +35,7 @@ import xxhash
 from ..errors import CorruptObject
 from ..index_format import IndexEntry
 from ..payload import NO_TIME, advance_hwm, frame_time_us
+from ..recovery import txn_events
 from ..scan import StopReason, scan_buffer
 from .manifest import Manifest, PartitionManifest, SegmentObject
 
@@ -60,9 +67,10 @@ def describe(data, *, key: str, base_offset: int,
         raise CorruptObject(key, scanned.end, f"not a whole sealed segment: {what}")
     if not scanned.frames:
         raise CorruptObject(key, 0, "an empty segment is never uploaded")
-    entries, hwm = [], hwm_before
+    entries, events, hwm = [], [], hwm_before
     for frame in scanned.frames:
         hwm = advance_hwm(hwm, frame_time_us(frame))
+        events += txn_events(frame)
         entries.append(IndexEntry(frame.base_offset, base_offset, frame.position,
                                   frame.record_count, frame.end_position - frame.position,
                                   frame.min_timestamp_us, frame.max_timestamp_us,
@@ -72,13 +80,16 @@ def describe(data, *, key: str, base_offset: int,
         xxhash.xxh3_128_hexdigest(data), index_key(key),
         min(frame.min_timestamp_us for frame in scanned.frames),
         max(frame.max_timestamp_us for frame in scanned.frames), hwm)
-    return segment, encode_index(entries)
+    return segment, encode_index(entries, events)
 
 
-def encode_index(entries: list[IndexEntry]) -> bytes:
+def encode_index(entries: list[IndexEntry], events=()) -> bytes:
     body = b"".join(np.asarray([getattr(e, name) for e in entries], dtype=dtype).tobytes()
                     for name, dtype in _COLUMNS)
-    body = len(entries).to_bytes(8, "little") + body
+    plain = [[txn_id, int(state), offset, tag, None if marker is None else bytes(marker).hex()]
+             for txn_id, state, offset, tag, marker in events]
+    body = (len(entries).to_bytes(8, "little") + body
+            + json.dumps(plain, separators=(",", ":")).encode())
     return b"%s %d %016x\n%s" % (INDEX_MAGIC, INDEX_VERSION, xxhash.xxh3_64_intdigest(body),
                                  body)
 
@@ -86,6 +97,12 @@ def encode_index(entries: list[IndexEntry]) -> bytes:
 def decode_index(data, key: str, segment_base: int) -> list[IndexEntry]:
     """The entries of an index object read from `key`. CorruptObject when it fails its
     checks."""
+    return read_index(data, key, segment_base)[0]
+
+
+def read_index(data, key: str, segment_base: int) -> tuple[list[IndexEntry], list[tuple]]:
+    """(entries, transaction events) of an index object read from `key`; the events
+    as recovery gives them (txn.frame_events). CorruptObject when it fails its checks."""
     head, newline, body = bytes(data).partition(b"\n")
     fields = head.split(b" ")
     if not newline or len(fields) != 3 or fields[0] != INDEX_MAGIC or (
@@ -99,14 +116,24 @@ def decode_index(data, key: str, segment_base: int) -> list[IndexEntry]:
         raise CorruptObject(key, len(head) + 1, "index checksum mismatch")
     count = int.from_bytes(body[:8], "little")
     widths = [np.dtype(dtype).itemsize for _, dtype in _COLUMNS]
-    if 8 + count * sum(widths) != len(body):
+    columns_end = 8 + count * sum(widths)
+    if columns_end > len(body):
         raise CorruptObject(key, len(head) + 1, "index length disagrees with its count")
     columns, position = [], 8
     for (_, dtype), width in zip(_COLUMNS, widths):
         columns.append(np.frombuffer(body, dtype, count, position).tolist())
         position += count * width
-    return [IndexEntry(base, segment_base, at, records, size, low, high, hwm)
-            for base, at, records, size, low, high, hwm in zip(*columns)]
+    entries = [IndexEntry(base, segment_base, at, records, size, low, high, hwm)
+               for base, at, records, size, low, high, hwm in zip(*columns)]
+    try:
+        events = [(int(txn_id), int(state), int(offset), tag,
+                   None if marker is None else bytes.fromhex(marker))
+                  for txn_id, state, offset, tag, marker in json.loads(body[columns_end:])]
+    except (ValueError, TypeError) as error:
+        raise CorruptObject(key, len(head) + 1 + columns_end,
+                            f"index events are not a list of transaction events: "
+                            f"{error}") from None
+    return entries, events
 
 
 def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,

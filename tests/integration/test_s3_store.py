@@ -421,3 +421,61 @@ def test_a_daemon_serves_a_tiered_log(tmp_path, s3_server, monkeypatch):
         assert part["remote_committed_offset"] == 10
     finally:
         daemon.stop()
+
+
+READ_ELSEWHERE = """
+import json, os, sys, streamlog
+os.chdir(sys.argv[2])  # an empty directory: nothing local to lean on
+with streamlog.open_log(sys.argv[1]) as log:
+    out = {"records": [[r.offset, r.timestamp_us, r.value.hex()]
+                       for n in range(2) for r in log.reader("s", n)],
+           "seeks": [log.offset_for_timestamp("s", n, t)
+                     for n in range(2) for t in range(900, 1700, 3)],
+           "committed": [r.value.hex() for r in log.reader("s", 0, read_committed=True)],
+           "marker": log.last_commit("s", 0, "q").hex(),
+           "info": log.info()["remote"]["generation"]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.xdist_group("s3")
+def test_another_process_with_no_local_state_reads_the_log_from_the_real_store(
+        tmp_path, s3_server):
+    """DESIGN 11: readers anywhere. A second process, in an empty directory, with only
+    the URL and the AWS variables, reads what the store has exactly as the writer's
+    local log does: records, seeks by time (timestamps going back now and then),
+    read_committed and the commit marker."""
+    import json
+    import subprocess
+    import sys
+    import streamlog
+    url = s3_server.url(s3_server.new_prefix())
+    with streamlog.open_log(tmp_path / "log", remote=url,
+                            storage_options=s3_server.storage_options,
+                            segment_bytes_max=4096, fsync="never") as log:
+        log.tiering.close()
+        log.create_stream("s", 2)
+        txn = log.new_txn_id()
+        log.append_batch_sync("s", [b"t1", b"t2"], partition=0, txn_id=txn)
+        log.commit_txn("s", 0, txn, tag="q", marker=b"batch 3")
+        for i in range(300):
+            log.append_sync("s", b"%05d" % i + b"." * 100, partition=i % 2,
+                            timestamp_us=1000 + 2 * i - (30 if i % 7 == 3 else 0))
+        log.tiering.run_once()
+        ends = [log.info()["streams"]["s"]["partitions"][n]["remote_committed_offset"]
+                for n in range(2)]
+        expected = {
+            "records": [[r.offset, r.timestamp_us, r.value.hex()] for n in range(2)
+                        for r in log.reader("s", n, to_offset=ends[n])],
+            "seeks": [min(log.offset_for_timestamp("s", n, t), ends[n])
+                      for n in range(2) for t in range(900, 1700, 3)],
+            "committed": [r.value.hex() for r in log.reader("s", 0, to_offset=ends[0])],
+            "marker": b"batch 3".hex(), "info": log.info()["remote"]["generation"]}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-c", READ_ELSEWHERE, url, str(elsewhere)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **s3_server.env})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected
+    assert all(end > 0 for end in ends) and os.listdir(elsewhere) == []

@@ -1,0 +1,327 @@
+"""A log in an object store, seen as a read-only directory: the file layer over one
+manifest generation.
+
+Strategy (DESIGN 11, readers anywhere): every reader of a local log (recovery, views,
+readers by offset and by time, Arrow, read_committed, the CLI) goes through the file
+layer (fileio.py). So a log in the store is read by giving that same code a FileIO
+whose directory is a manifest generation: `streamlog.json`, each stream's
+`stream.json` and each partition's segment files are what the generation names, a
+segment file's bytes are its object's, read by ranges through a bounded cache. Nothing
+is written, and nothing local is needed.
+
+`pin(manifest)` moves the directory to a newer generation: new sealed segments
+appear, segments retention dropped disappear, a truncated one is a different object.
+Each partition's commit lock file (`writer.lock`, locks.py) is a few bytes in memory
+whose change counter `pin` bumps for every partition the new generation changed, so a
+view's followers notice it as they notice a writer in another process, and refresh.
+A file opened keeps reading the object it was opened on (objects are immutable; a
+replaced one is deleted only after the grace period); its size is the object's.
+
+Damage: an object a committed generation names but the store lacks, or that is shorter
+than the generation says, is `CorruptObject` (named by key and position); a flipped
+bit is found by the frame checksums every reader verifies before it delivers a record.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import json
+import os
+import struct
+import threading
+
+from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
+from ..errors import CorruptObject, ObjectNotFound
+from ..layout import partition_dir, segment_name, stream_dir, streams_dir
+from ..locks import PARTITION_LOCK_NAME
+from ..maintenance import START_MARKS_NAME
+from .manifest import Manifest, PartitionManifest, SegmentObject
+
+_LOCK_BYTES = struct.calcsize("<QQqqqqQ")  # locks._STATE: counter, tail state, layout
+_COUNTER = struct.Struct("<Q")
+
+
+class RangeCache:
+    """Byte ranges of immutable objects, fetched in blocks of `block_bytes` and kept up
+    to `capacity_bytes` (least recently used out first). A read that continues the
+    previous one of the same object fetches `readahead` blocks more in the same
+    request, so a sequential scan makes few, large GETs. Thread-safe."""
+
+    def __init__(self, store, *, block_bytes: int = 4 * 2**20,
+                 capacity_bytes: int = 256 * 2**20, readahead: int = 3) -> None:
+        self.store = store
+        self.block_bytes = block_bytes
+        self.capacity_bytes = max(capacity_bytes, block_bytes)
+        self.readahead = readahead
+        self._blocks: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()
+        self._bytes = 0
+        self._last: dict[str, int] = {}  # key -> the last block read of it
+        self._lock = threading.Lock()
+        self.stats = {"hits": 0, "misses": 0, "requests": 0, "bytes_fetched": 0}
+
+    def read(self, key: str, object_size: int, position: int, size: int) -> bytes:
+        """Bytes [position, position + size) of the object `key`, which the manifest
+        says is `object_size` long (shorter at its end, as pread is). Raises
+        CorruptObject when the store lacks it or holds fewer bytes, StoreError."""
+        end = min(position + size, object_size)
+        if end <= position:
+            return b""
+        block = self.block_bytes
+        first, last = position // block, (end - 1) // block
+        wanted = range(first, last + 1)
+        with self._lock:
+            found = {b: self._blocks.get((key, b)) for b in wanted}
+            for b, data in found.items():
+                if data is not None:
+                    self._blocks.move_to_end((key, b))
+            sequential = self._last.get(key) in (first - 1, first)
+            self._last[key] = last
+        missing = [b for b, data in found.items() if data is None]
+        self.stats["hits"] += len(found) - len(missing)
+        if missing:
+            blocks_in_object = (object_size + block - 1) // block
+            if sequential:
+                ahead = range(last + 1, min(last + 1 + self.readahead, blocks_in_object))
+                with self._lock:
+                    missing += [b for b in ahead if (key, b) not in self._blocks]
+            fetched = self._fetch(key, object_size, missing)
+            for b in missing:
+                if b in found:
+                    found[b] = fetched[b]
+        if first == last:
+            start = position - first * block
+            return found[first][start:start + (end - position)]
+        joined = b"".join(found[b] for b in wanted)
+        start = position - first * block
+        return joined[start:start + (end - position)]
+
+    def _fetch(self, key: str, object_size: int, blocks: list[int]) -> dict[int, bytes]:
+        block = self.block_bytes
+        ranges = [(b * block, min((b + 1) * block, object_size)) for b in blocks]
+        try:
+            datas = self.store.get_ranges(key, ranges)
+        except ObjectNotFound:
+            raise CorruptObject(key, ranges[0][0], "missing from the store, though a "
+                                "committed manifest generation names it") from None
+        self.stats["misses"] += len(blocks)
+        self.stats["requests"] += 1
+        fetched = {}
+        for b, (start, stop), data in zip(blocks, ranges, datas):
+            if len(data) != stop - start:
+                raise CorruptObject(key, start + len(data), f"the object is shorter than "
+                                    f"the {object_size} bytes its manifest says")
+            self.stats["bytes_fetched"] += len(data)
+            fetched[b] = bytes(data)
+        with self._lock:
+            for b, data in fetched.items():
+                if (key, b) not in self._blocks:
+                    self._blocks[(key, b)] = data
+                    self._bytes += len(data)
+            while self._bytes > self.capacity_bytes and len(self._blocks) > 1:
+                _, dropped = self._blocks.popitem(last=False)
+                self._bytes -= len(dropped)
+        return fetched
+
+
+class _Tree:
+    """The directory a manifest generation makes: {path: bytes or SegmentObject},
+    {directory: sorted names}."""
+
+    def __init__(self, root: str, manifest: Manifest) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.files: dict[str, bytes | SegmentObject | None] = {}
+        self.dirs: dict[str, set[str]] = collections.defaultdict(set)
+        self.partitions: dict[str, str] = {}  # partition directory -> "stream/number"
+        self.dirs[root]
+        self._add(os.path.join(root, MARKER_NAME), json.dumps(FORMAT).encode())
+        self._add(streams_dir(root), None, directory=True)
+        for stream, count in sorted(manifest.streams.items()):
+            directory = stream_dir(root, stream)
+            self._add(os.path.join(directory, STREAM_META_NAME),
+                      json.dumps({"partitions": count}).encode())
+            for number in range(count):
+                name = f"{stream}/{number}"
+                part = manifest.partitions.get(name, PartitionManifest())
+                pdir = partition_dir(root, stream, number)
+                self.partitions[pdir] = name
+                self._add(os.path.join(pdir, PARTITION_LOCK_NAME), None)
+                if part.start_offset > 0 and part.start_hwm_us is not None:
+                    self._add(os.path.join(pdir, START_MARKS_NAME), json.dumps(
+                        {"marks": [[part.start_offset, part.start_hwm_us]]}).encode())
+                for segment in part.segments:
+                    self._add(os.path.join(pdir, segment_name(segment.base_offset)), segment)
+        self.dirs = {path: sorted(names) for path, names in self.dirs.items()}
+
+    def _add(self, path: str, entry, *, directory: bool = False) -> None:
+        if directory:
+            self.dirs[path]
+        else:
+            self.files[path] = entry  # None: a commit lock's bytes (StoreFileIO._counter)
+        child = path
+        while child != self.root:
+            parent, name = os.path.split(child)
+            self.dirs[parent].add(name)
+            child = parent
+
+
+def _read_only(path: str) -> OSError:
+    return OSError(errno.EROFS, "a log in an object store is read-only here", path)
+
+
+class StoreFileIO:
+    """A read-only FileIO (fileio.FileIO) over the manifest generation pinned last:
+    see the module docstring. `root` is the path the log is opened at (its URL)."""
+
+    def __init__(self, store, root: str, manifest: Manifest, *,
+                 cache: RangeCache | None = None) -> None:
+        self.store = store
+        self.root = root
+        self.cache = cache or RangeCache(store)
+        self._tree = _Tree(root, manifest)
+        self._handles: dict[int, tuple[str, bytes | SegmentObject | None]] = {}
+        self._numbers = itertools.count(1)
+        self._counters: dict[str, bytearray] = {}  # writer.lock path -> its bytes
+        self._pin_lock = threading.Lock()
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._tree.manifest
+
+    def pin(self, manifest: Manifest) -> list[str]:
+        """Show `manifest`'s generation from now on; returns the partitions it changed
+        (their lock counters are bumped, so followers refresh)."""
+        with self._pin_lock:
+            old = self._tree.manifest
+            if manifest.generation <= old.generation:
+                return []
+            tree = _Tree(self.root, manifest)
+            changed = [name for name in sorted(set(old.partitions) | set(manifest.partitions))
+                       if old.partitions.get(name) != manifest.partitions.get(name)]
+            self._tree = tree
+            for pdir, name in tree.partitions.items():
+                counter = self._counters.get(os.path.join(pdir, PARTITION_LOCK_NAME))
+                if counter is not None and name in changed:
+                    _COUNTER.pack_into(counter, 0, _COUNTER.unpack_from(counter, 0)[0] + 1)
+            return changed
+
+    def segment_object(self, path: str) -> SegmentObject | None:
+        """The object a segment file of the pinned generation is (None: not one)."""
+        entry = self._tree.files.get(path)
+        return entry if isinstance(entry, SegmentObject) else None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def open(self, path: str, *, writable: bool, create: bool = False) -> int:
+        if writable:
+            raise _read_only(path)
+        entry = self._entry(path)
+        handle = next(self._numbers)
+        self._handles[handle] = (path, entry)
+        return handle
+
+    def _entry(self, path: str):
+        tree = self._tree
+        if path not in tree.files:
+            if path in tree.dirs:
+                raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+            raise FileNotFoundError(errno.ENOENT, "not in the store's manifest", path)
+        return tree.files[path]
+
+    def _handle(self, handle: int):
+        try:
+            return self._handles[handle]
+        except KeyError:
+            raise OSError(errno.EBADF, f"handle {handle} is not open") from None
+
+    def close(self, handle: int) -> None:
+        self._handles.pop(handle, None)
+
+    def size(self, handle: int) -> int:
+        path, entry = self._handle(handle)
+        if isinstance(entry, SegmentObject):
+            return entry.size
+        if entry is None:
+            return _LOCK_BYTES
+        return len(entry)
+
+    def pread(self, handle: int, size: int, position: int) -> bytes:
+        path, entry = self._handle(handle)
+        if isinstance(entry, SegmentObject):
+            return self.cache.read(entry.key, entry.size, position, size)
+        if entry is None:
+            return bytes(self._counter(path)[position:position + size])
+        return entry[position:position + size]
+
+    def listdir(self, path: str) -> list[str]:
+        tree = self._tree
+        if path not in tree.dirs:
+            if path in tree.files:
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+            raise FileNotFoundError(errno.ENOENT, "not in the store's manifest", path)
+        return list(tree.dirs[path])
+
+    def exists(self, path: str) -> bool:
+        return path in self._tree.files or path in self._tree.dirs
+
+    def identity(self, path: str) -> tuple:
+        entry = self._entry(path) if path not in self._tree.dirs else path
+        return ("store", entry.key if isinstance(entry, SegmentObject) else path)
+
+    def path_of(self, handle: int) -> str:
+        return self._handle(handle)[0]
+
+    # -- the commit locks: counters in memory that pin() bumps ----------------------
+
+    def open_shared(self, path: str, size: int, *, writable: bool) -> int:
+        if writable:
+            raise _read_only(path)
+        if self._tree.files.get(path, b"") is not None:
+            raise FileNotFoundError(errno.ENOENT, "no such lock in the store's log", path)
+        return self.open(path, writable=False)
+
+    def _counter(self, path: str) -> bytearray:
+        with self._pin_lock:
+            counter = self._counters.get(path)
+            if counter is None:  # counter 1, no tail state: a view looks at the files
+                counter = self._counters[path] = bytearray(_LOCK_BYTES)
+                _COUNTER.pack_into(counter, 0, 1)
+            return counter
+
+    def map_shared(self, handle: int, size: int):
+        path, entry = self._handle(handle)
+        if entry is not None or size > _LOCK_BYTES:
+            raise ValueError(f"{path} cannot be mapped")
+        return memoryview(self._counter(path)).toreadonly()[:size]
+
+    def lock(self, handle: int, *, exclusive: bool, blocking: bool = True) -> bool:
+        self._handle(handle)
+        return True  # nobody commits here: a generation is whole when it is pinned
+
+    def unlock(self, handle: int) -> None:
+        self._handle(handle)
+
+    # -- no writing ----------------------------------------------------------------------
+
+    def pwrite(self, handle: int, data, position: int) -> None:
+        raise _read_only(self.path_of(handle))
+
+    def fsync(self, handle: int) -> None:
+        raise _read_only(self.path_of(handle))
+
+    def truncate(self, handle: int, size: int) -> None:
+        raise _read_only(self.path_of(handle))
+
+    def makedirs(self, path: str) -> None:
+        raise _read_only(path)
+
+    def rename(self, source: str, target: str) -> None:
+        raise _read_only(source)
+
+    def unlink(self, path: str) -> None:
+        raise _read_only(path)
+
+    def fsync_dir(self, path: str) -> None:
+        raise _read_only(path)
