@@ -69,6 +69,10 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self.scrubber = None
         self.tiering = None  # remote/tiering.py, when the log is tiered to a store
         self.remote_view = None  # remote/view.py's poller, when read from a store
+        self.restored = None  # remote/restore.py's report, when the open restored
+        taken = None
+        if remote is not None and not readonly:
+            taken = self._restore_if_empty(remote, progress)
         try:
             self._prepare_directory(create)
         except BaseException:
@@ -93,15 +97,34 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         if not readonly and config.scrub_bytes_per_s is not None:
             self.start_scrubber()
         if remote is not None:
-            self._start_tiering(remote)
+            self._start_tiering(remote, taken)
 
-    def _start_tiering(self, store) -> None:
+    def _writer_name(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}:{self.clock.wall_us()}"
+
+    def _restore_if_empty(self, store, progress):
+        """A tiered open of an empty or missing directory continues from the store
+        (remote/restore.py): take the log over first (fencing an older writer), then
+        write what that generation holds. Returns the generation taken over, or None
+        (the directory holds a log: the tiering takes over)."""
+        from .remote import manifest as manifests, restore
+        if not restore.needs_restore(self.fileio, self.path):
+            return None
+        taken = manifests.take_over(store, self._writer_name())
+        if taken.streams:
+            self.restored = restore.restore(
+                store, taken, self.path, fileio=self.fileio, index_storage=self.index_storage,
+                map_bytes=self.config.index_map_bytes, clock=self.clock,
+                progress=progress)
+        return taken
+
+    def _start_tiering(self, store, taken=None) -> None:
         from .remote.tiering import Tiering  # (only a tiered log loads the store's code)
-        writer = f"{socket.gethostname()}:{os.getpid()}:{self.clock.wall_us()}"
         try:
-            self.tiering = Tiering(store, self._all_partitions, writer=writer,
+            self.tiering = Tiering(store, self._all_partitions, writer=self._writer_name(),
                                    interval_s=min(1.0, self.config.remote_max_lag_s / 4),
-                                   lag_max_s=self.config.remote_max_lag_s).start()
+                                   lag_max_s=self.config.remote_max_lag_s,
+                                   manifest=taken).start()
         except BaseException:
             self.close()
             raise

@@ -133,6 +133,8 @@ class AdminOperations:
                              "writer": remote.writer,
                              "fenced": tiering.fenced if tiering is not None else None,
                              "error": None if error is None else str(error)}
+        if self.restored is not None:
+            out["restored"] = self.restored.as_dict()
         for stream in self.streams():
             parts = []
             for part in self._partitions(stream):

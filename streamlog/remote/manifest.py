@@ -59,6 +59,9 @@ class PartitionManifest:
     committed_end: int = 0  # exclusive, like end_offset: what the store holds
     start_hwm_us: int | None = None  # running max of the records retention removed
     segments: tuple[SegmentObject, ...] = ()
+    # The writer's acknowledged end when it committed this generation (durability
+    # "local": what a restore after losing the machine reports as lost, at least).
+    local_end: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +139,7 @@ def _manifest(found: dict[str, Any]) -> Manifest:
         segments = tuple(SegmentObject(**segment) for segment in part["segments"])
         partitions[str(name)] = PartitionManifest(
             int(part["start_offset"]), int(part["committed_end"]), part["start_hwm_us"],
-            segments)
+            segments, int(part.get("local_end", 0)))
     return Manifest(int(found["generation"]), int(found["epoch"]), str(found["writer"]),
                     {str(k): int(v) for k, v in found["streams"].items()}, partitions,
                     tuple((str(key), int(after)) for key, after in found["garbage"]))

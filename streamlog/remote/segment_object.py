@@ -32,8 +32,8 @@ import json
 import numpy as np
 import xxhash
 
-from ..errors import CorruptObject
-from ..index_format import IndexEntry
+from ..errors import CorruptIndex, CorruptObject, ObjectNotFound
+from ..index_format import NO_HWM, IndexEntry, RecoveryPoint
 from ..payload import NO_TIME, advance_hwm, frame_time_us
 from ..recovery import txn_events
 from ..scan import StopReason, scan_buffer
@@ -134,6 +134,32 @@ def read_index(data, key: str, segment_base: int) -> tuple[list[IndexEntry], lis
                             f"index events are not a list of transaction events: "
                             f"{error}") from None
     return entries, events
+
+
+def fill_index(store, index, segments) -> None:
+    """Put into `index` (an empty, writable index.Index) the entries and transaction
+    events of `segments` (SegmentObjects, in offset order) from their index objects,
+    and set its recovery point at the end of the last one. Raises CorruptIndex naming
+    the key of an index object that is missing, damaged or describes other offsets (the
+    caller rebuilds from the segments), StoreError."""
+    for segment in segments:
+        key = segment.index_key
+        try:
+            entries, events = read_index(store.get(key), key, segment.base_offset)
+        except ObjectNotFound:
+            raise CorruptIndex(f"index object {key} is missing from the store") from None
+        except CorruptObject as error:
+            raise CorruptIndex(str(error)) from None
+        if not entries or entries[0].base_offset != segment.base_offset or (
+                entries[-1].next_offset != segment.end_offset):
+            raise CorruptIndex(f"index object {key} does not describe offsets "
+                               f"{segment.base_offset}..{segment.end_offset - 1}")
+        index.put(entries, None, events)
+    if segments:
+        last = segments[-1]
+        index.set_recovery_point(RecoveryPoint(
+            last.base_offset, last.size, last.end_offset,
+            NO_HWM if last.hwm_us is None else last.hwm_us))
 
 
 def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,

@@ -40,13 +40,16 @@ class Tiering:
     asked again each round: streams come and go) to `store`."""
 
     def __init__(self, store, partitions, *, writer: str, interval_s: float = 1.0,
-                 retry_s: float = 5.0, lag_max_s: float | None = None) -> None:
+                 retry_s: float = 5.0, lag_max_s: float | None = None,
+                 manifest: Manifest | None = None) -> None:
         self.store = store
         self._partitions = partitions
         self.interval_s = interval_s
         self.lag_max_s = lag_max_s  # seal an active segment older than this (None: never)
         self.retry_s = retry_s
-        self.manifest: Manifest = manifests.take_over(store, writer)  # fences the older
+        # the generation this writer committed when it took the log over (fencing the
+        # older writer): taken here unless the open did (a restore takes over first)
+        self.manifest: Manifest = manifest or manifests.take_over(store, writer)
         self.error: BaseException | None = None
         self.fenced = False
         self.stats = {"rounds": 0, "segments": 0, "bytes": 0, "commits": 0, "errors": 0}
@@ -114,7 +117,11 @@ class Tiering:
                 uploaded += count
                 self.stats["bytes"] += nbytes
             if uploaded or streams != current.streams:
-                proposed = dataclasses.replace(proposed, streams=streams)
+                proposed = dataclasses.replace(proposed, streams=streams, partitions={
+                    **proposed.partitions, **{
+                        part.name: dataclasses.replace(
+                            proposed.partitions.get(part.name, PartitionManifest()),
+                            local_end=part.end_offset) for part in parts}})
                 try:
                     self.manifest = manifests.commit(self.store, proposed.successor())
                 except Fenced:

@@ -24,11 +24,11 @@ import logging
 import os
 import threading
 
-from ..errors import CorruptIndex, CorruptObject, ObjectNotFound, StoreError, StreamLogError
-from ..index import NO_HWM, Index, RecoveryPoint
+from ..errors import CorruptIndex, CorruptObject, StoreError, StreamLogError
+from ..index import Index
 from ..testing.memindex import MemoryIndexStorage
 from . import manifest as manifests
-from .segment_object import read_index
+from .segment_object import fill_index
 from .storefs import RangeCache, StoreFileIO
 
 log = logging.getLogger("streamlog.remote")
@@ -78,25 +78,7 @@ class StoreIndexStorage:
         self._memory.remove(path)
         index = Index(path, readonly=False, map_bytes=0, storage=self._memory)
         try:
-            for segment in segments:
-                key = segment.index_key
-                try:
-                    entries, events = read_index(self.fs.store.get(key), key,
-                                                 segment.base_offset)
-                except ObjectNotFound:
-                    raise CorruptIndex(f"index object {key} is missing from the store") \
-                        from None
-                except CorruptObject as error:
-                    raise CorruptIndex(str(error)) from None
-                if not entries or entries[0].base_offset != segment.base_offset or (
-                        entries[-1].next_offset != segment.end_offset):
-                    raise CorruptIndex(f"index object {key} does not describe offsets "
-                                       f"{segment.base_offset}..{segment.end_offset - 1}")
-                index.put(entries, None, events)
-            last = segments[-1]
-            index.set_recovery_point(RecoveryPoint(
-                last.base_offset, last.size, last.end_offset,
-                NO_HWM if last.hwm_us is None else last.hwm_us))
+            fill_index(self.fs.store, index, segments)
         except BaseException:
             index.close()
             self._memory.remove(path)

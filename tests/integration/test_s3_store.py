@@ -479,3 +479,34 @@ def test_another_process_with_no_local_state_reads_the_log_from_the_real_store(
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == expected
     assert all(end > 0 for end in ends) and os.listdir(elsewhere) == []
+
+
+@pytest.mark.xdist_group("s3")
+def test_a_deleted_directory_is_restored_from_the_real_store(tmp_path, s3_server):
+    """The machine's disk is gone (its directory deleted): a writable open continues
+    from the store with every record the store had, at its offset, and reports the
+    tail the store lacked; appends go on from the store's end."""
+    import shutil
+    import streamlog
+    url = s3_server.url(s3_server.new_prefix())
+    options = dict(remote=url, storage_options=s3_server.storage_options,
+                   segment_bytes_max=4096, fsync="never")
+    with streamlog.open_log(tmp_path / "log", **options) as log:
+        log.tiering.close()
+        log.create_stream("s", 2)
+        for i in range(400):
+            log.append_sync("s", b"%05d" % i + b"." * 100, partition=i % 2,
+                            timestamp_us=1000 + i)
+        log.tiering.run_once()
+        ends = [log.info()["streams"]["s"]["partitions"][n]["remote_committed_offset"]
+                for n in range(2)]
+        had = [[(r.offset, r.timestamp_us, r.value) for r in log.reader("s", n, to_offset=ends[n])]
+               for n in range(2)]
+        local_ends = [log.end_offset("s", n) for n in range(2)]
+    shutil.rmtree(tmp_path / "log")
+    with streamlog.open_log(tmp_path / "log", **options) as log:
+        assert [[(r.offset, r.timestamp_us, r.value) for r in log.reader("s", n)]
+                for n in range(2)] == had
+        assert log.info()["restored"]["lost"] == {
+            f"s/{n}": [ends[n], local_ends[n]] for n in range(2) if local_ends[n] > ends[n]}
+        assert log.append_sync("s", b"after", partition=0).offset == ends[0]

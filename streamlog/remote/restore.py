@@ -1,0 +1,170 @@
+"""Restore: a writable open whose local directory is empty or missing continues from
+the store.
+
+Strategy (DESIGN 11): the open first takes the log over (a new epoch: an older writer
+still alive is fenced, so the generation restored from is final), then writes the
+directory that generation describes: the marker, each stream's `stream.json`, every
+segment object as its file (checked against the manifest's whole-object checksum
+before it is written: a damaged or missing object is `CorruptObject`, never a file),
+its seal, and an empty active segment at the store's end, so appends go on after what
+the store has and never into a segment it holds. Each partition's index is filled
+from the index objects with its recovery point at the store's end, so the open that
+follows reads no segment through (recovery checks one frame).
+
+Crash safety: `restore.intent` is written first and removed last, after the marker;
+an open that finds it (a restore killed half-way) restores again, over what is there.
+Segment files are written atomically (temporary file, fsync, rename).
+
+What is lost: under durability "local" the store lags the log, so the records the lost
+machine had acknowledged after the store's end are gone. Each generation records the
+writer's acknowledged end when it was committed (`local_end`); the restore reports
+[store end, local_end) per partition as lost, at least (logged, and in `info()`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+
+import xxhash
+
+from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
+from ..errors import CorruptIndex, CorruptObject, ObjectNotFound
+from ..fileio import write_file_atomic
+from ..index import Index
+from ..index_storage import wipe_index
+from ..layout import partition_dir, segment_name, stream_dir
+from ..maintenance import START_MARKS_NAME
+from ..seal import write_seal
+from .manifest import Manifest
+from .segment_object import fill_index
+
+log = logging.getLogger("streamlog.remote")
+
+INTENT_NAME = "restore.intent"
+DOWNLOADS = 4  # segment objects fetched at once
+
+
+@dataclasses.dataclass
+class RestoreReport:
+    """What a restore took from the store, and what it could not."""
+
+    generation: int
+    segments: int = 0
+    bytes: int = 0
+    # "stream/n" -> (first lost offset, the end the lost writer had acknowledged, at
+    # least): records [first, end) are gone (durability "local")
+    lost: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"generation": self.generation, "segments": self.segments,
+                "bytes": self.bytes, "lost": {name: list(span)
+                                              for name, span in self.lost.items()}}
+
+
+def needs_restore(fileio, path: str) -> bool:
+    """True when the directory at `path` holds no log (missing, or empty but for its
+    lock), or a restore was killed half-way there."""
+    if not fileio.exists(path):
+        return True
+    names = set(fileio.listdir(path))
+    return INTENT_NAME in names or not (names - {"LOCK"})
+
+
+def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
+            map_bytes: int = 1 << 30, clock=None, progress=None) -> RestoreReport:
+    """Write the log `manifest` describes into the directory `path` (see the module
+    docstring). `progress(partition, bytes)` is called as segments arrive. Raises
+    CorruptObject for a segment object that is missing or fails its checksum,
+    StoreError when the store cannot be read; a restore that raised is taken up again
+    by the next open."""
+    report = RestoreReport(manifest.generation)
+    fileio.makedirs(path)
+    write_file_atomic(fileio, os.path.join(path, INTENT_NAME),
+                      json.dumps({"generation": manifest.generation}).encode())
+    now_us = clock.wall_us() if clock is not None else 0
+    with concurrent.futures.ThreadPoolExecutor(DOWNLOADS) as pool:
+        for stream, count in sorted(manifest.streams.items()):
+            fileio.makedirs(stream_dir(path, stream))
+            write_file_atomic(fileio, os.path.join(stream_dir(path, stream), STREAM_META_NAME),
+                              json.dumps({"partitions": count}).encode())
+            for number in range(count):
+                name = f"{stream}/{number}"
+                directory = partition_dir(path, stream, number)
+                fileio.makedirs(directory)
+                part = manifest.partitions.get(name)
+                if part is None or not part.segments:
+                    continue
+                fetched = pool.map(lambda segment: (segment, _fetch(store, segment)),
+                                   part.segments)
+                for segment, data in fetched:
+                    segment_path = os.path.join(directory, segment_name(segment.base_offset))
+                    write_file_atomic(fileio, segment_path, data)
+                    write_seal(fileio, segment_path, size_bytes=len(data),
+                               digest=xxhash.xxh3_64_intdigest(data), sealed_at_us=now_us,
+                               end_offset=segment.end_offset)
+                    report.segments += 1
+                    report.bytes += len(data)
+                    if progress is not None:
+                        progress(name, len(data))
+                _new_active_segment(fileio, directory, part.committed_end)
+                if part.start_offset > 0 and part.start_hwm_us is not None:
+                    write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
+                                      json.dumps({"marks": [[part.start_offset,
+                                                             part.start_hwm_us]]}).encode())
+                _fill_local_index(store, part.segments, os.path.join(directory, "index"),
+                                  index_storage, map_bytes)
+                if part.local_end > part.committed_end:
+                    report.lost[name] = (part.committed_end, part.local_end)
+    write_file_atomic(fileio, os.path.join(path, MARKER_NAME), json.dumps(FORMAT).encode())
+    fileio.unlink(os.path.join(path, INTENT_NAME))
+    fileio.fsync_dir(path)
+    for name, (first, end) in sorted(report.lost.items()):
+        log.warning("restored %s from the store (generation %d): offsets %d..%d, which "
+                    "the lost writer had acknowledged, were not in the store and are "
+                    "lost (durability local; perhaps more after them)", name,
+                    manifest.generation, first, end - 1)
+    return report
+
+
+def _fetch(store, segment) -> bytes:
+    try:
+        data = store.get(segment.key)
+    except ObjectNotFound:
+        raise CorruptObject(segment.key, 0, "missing from the store, though a committed "
+                            "manifest generation names it") from None
+    if len(data) != segment.size or xxhash.xxh3_128_hexdigest(data) != segment.checksum:
+        raise CorruptObject(segment.key, 0, f"does not match its manifest entry (size "
+                            f"{len(data)}, expected {segment.size}, or checksum)")
+    return data
+
+
+def _new_active_segment(fileio, directory: str, base_offset: int) -> None:
+    """An empty segment at the store's end: the writer appends there."""
+    handle = fileio.open(os.path.join(directory, segment_name(base_offset)), writable=True,
+                         create=True)
+    try:
+        fileio.truncate(handle, 0)
+        fileio.fsync(handle)
+    finally:
+        fileio.close(handle)
+    fileio.fsync_dir(directory)
+
+
+def _fill_local_index(store, segments, path: str, index_storage, map_bytes: int) -> None:
+    """The partition's index from the index objects; a damaged one is left for
+    recovery to rebuild from the segments (now local files)."""
+    wipe_index(path, storage=index_storage)
+    index = Index(path, readonly=False, map_bytes=map_bytes, storage=index_storage)
+    try:
+        fill_index(store, index, segments)
+    except CorruptIndex as error:
+        log.warning("%s: the partition's index is rebuilt from its segments", error)
+        index.close()
+        wipe_index(path, storage=index_storage)
+        return
+    index.sync()
+    index.close()
