@@ -14,7 +14,8 @@ from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptObject,
                      CorruptSegment, DataLossError, Fenced, InvalidAppend, InvalidArgument,
                      LogClosed, LogLocked, OffsetOutOfRange, PartitionFailed, ProducerFenced,
-                     ReadOnlyLog, StoreError, StoreUnavailable, StreamLogError, UnknownStream)
+                     ReadOnlyLog, StoreError, StoreTimeout, StoreUnavailable, StreamLogError,
+                     UnknownStream)
 from .append import partition_for_key
 from .directory import writer_in_this_process
 from .connect import open_log
@@ -53,5 +54,5 @@ __all__ = [
     "ProducerTimeout",
     *_OPERATOR_NAMES,
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex", "CorruptObject",
-    "StoreError", "StoreUnavailable", "Fenced",
+    "StoreError", "StoreUnavailable", "StoreTimeout", "Fenced",
 ]

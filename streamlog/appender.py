@@ -237,15 +237,29 @@ class Appender:
                 failure = PartitionFailed(f"write failed: {error}")
                 resolve_waiters([(p.waiter, None, failure) for p in group])
                 return
-            resolve_waiters(results)
+            self._acknowledge(results, sum(p.nbytes for p in appends))
         if job is not None:
             try:
-                resolve_waiters([(job.waiter, job.job(), None)])
+                before = self.partition.state.end_offset
+                done = [(job.waiter, job.job(), None)]
+                if self.partition.state.end_offset == before:
+                    resolve_waiters(done)  # wrote nothing: nothing for the store to hold
+                else:
+                    self._acknowledge(done, 0)
             except OSError as error:  # an I/O error is as sticky here as in an append
                 self._fail(error)
                 resolve_waiters([(job.waiter, None, PartitionFailed(f"I/O failed: {error}"))])
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 resolve_waiters([(job.waiter, None, error)])
+
+    def _acknowledge(self, results: list, nbytes: int) -> None:
+        """Resolve the waiters of what was just committed: now, or, under durability
+        "remote", once the store holds it (remote/group_commit.py's gate)."""
+        gate = self.partition.ack_gate
+        if gate is None:
+            resolve_waiters(results)
+        else:
+            gate.hold(self.partition.name, self.partition.state.end_offset, results, nbytes)
 
     def _guarded(self, action) -> None:
         try:

@@ -81,6 +81,17 @@ class LogConfig:
     # bytes of segment objects in memory (remote/storefs.py).
     remote_poll_ms: int = 1000
     remote_cache_bytes: int = 256 * 1024 * 1024
+    # What an ack means for a log tiered to a store: "local" (the local fsync, as
+    # without a store; the store lags by up to remote_max_lag_s) or "remote" (a
+    # committed manifest generation holds the records: group commits every
+    # remote_commit_ms, sooner once remote_commit_bytes wait; an ack the store has not
+    # taken within remote_timeout_s fails with StoreTimeout). Tail objects no
+    # generation names any more are deleted after remote_grace_s.
+    durability: str = "local"
+    remote_commit_ms: int = 10
+    remote_commit_bytes: int = 4 * 1024 * 1024
+    remote_timeout_s: float = 30.0
+    remote_grace_s: float = 900.0
 
     def validate(self) -> "LogConfig":
         """Return a copy with enums normalised, or raise InvalidArgument naming the option."""
@@ -98,7 +109,8 @@ class LogConfig:
                          "frame_bytes_max", "batch_records_max", "inflight_appends_max",
                          "inflight_bytes_max", "tail_ring_batches_max", "tail_ring_bytes_max",
                          "read_chunk_bytes", "partitions_max", "index_map_bytes",
-                         "remote_poll_ms", "remote_cache_bytes")
+                         "remote_poll_ms", "remote_cache_bytes", "remote_commit_ms",
+                         "remote_commit_bytes")
         for name in positive_ints:
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
@@ -121,6 +133,13 @@ class LogConfig:
             if not _is_number(value) or not 0 < value <= 60:
                 raise InvalidArgument(f"{name} must be a number of seconds in (0, 60] "
                                       f"(got {value!r})")
+        if self.durability not in ("local", "remote"):
+            raise InvalidArgument(f"durability must be local or remote (got "
+                                  f"{self.durability!r})")
+        for name in ("remote_timeout_s", "remote_grace_s"):
+            if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be a positive number of seconds "
+                                      f"(got {getattr(self, name)!r})")
         if not _is_number(self.remote_max_lag_s) or self.remote_max_lag_s <= 0:
             raise InvalidArgument(f"remote_max_lag_s must be a positive number of seconds "
                                   f"(got {self.remote_max_lag_s!r})")

@@ -73,6 +73,9 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         from .remote.view import open_view
         return open_view(_store_of(path, storage_options), merged.validate(),
                          clock=clock or SYSTEM_CLOCK)
+    if merged.durability == "remote" and (remote is None or readonly):
+        raise InvalidArgument("durability='remote' needs a store to be durable in: open "
+                              "the log writable with remote=URL")
     store = None
     if remote is not None:
         if readonly:

@@ -147,6 +147,12 @@ class StoreUnavailable(StoreError):
     what was lost."""
 
 
+class StoreTimeout(StoreError, TimeoutError):
+    """Durability "remote": the store did not take an append's records within
+    `remote_timeout_s` (it is down or too slow). The records are in the local log and
+    may still reach the store: as with any timeout, the outcome is unknown."""
+
+
 class ObjectNotFound(StoreError):
     """No object has this key (or it was deleted)."""
 

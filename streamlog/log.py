@@ -121,10 +121,17 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
     def _start_tiering(self, store, taken=None) -> None:
         from .remote.tiering import Tiering  # (only a tiered log loads the store's code)
         try:
-            self.tiering = Tiering(store, self._all_partitions, writer=self._writer_name(),
-                                   interval_s=min(1.0, self.config.remote_max_lag_s / 4),
-                                   lag_max_s=self.config.remote_max_lag_s,
-                                   manifest=taken).start()
+            config = self.config
+            self.tiering = Tiering(
+                store, self._all_partitions, writer=self._writer_name(),
+                interval_s=min(1.0, config.remote_max_lag_s / 4),
+                lag_max_s=config.remote_max_lag_s, manifest=taken,
+                durability=config.durability, commit_interval_s=config.remote_commit_ms / 1000,
+                commit_bytes=config.remote_commit_bytes, ack_timeout_s=config.remote_timeout_s,
+                grace_s=config.remote_grace_s, clock=self.clock)
+            for part in self._all_partitions():
+                part.ack_gate = self.tiering.gate
+            self.tiering.start()
         except BaseException:
             self.close()
             raise
@@ -158,12 +165,15 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 
     def _open_partition(self, name: str, number: int, progress=None) -> Partition:
         alone = self._registry is not None and self._registry.alone and not self._settled
-        return Partition(
+        part = Partition(
             layout.partition_dir(self.path, name, number), f"{name}/{number}", number,
             self.config, self.fileio, readonly=self.readonly, alone=alone,
             probe_unsealed=self._probe_unsealed, clock=self.clock,
             index_storage=self.index_storage, progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
             if progress else None)
+        if self.tiering is not None:  # a stream created since the open
+            part.ack_gate = self.tiering.gate
+        return part
 
     def create_stream(self, name: str, partitions: int = 1) -> int:
         """Create stream `name` with `partitions` partitions; a no-op when it exists

@@ -98,6 +98,9 @@ class Partition:
         self.ring = TailRing(batches_max=config.tail_ring_batches_max,
                              bytes_max=config.tail_ring_bytes_max)
         self.ring.end_offset = self._state.end_offset
+        # durability "remote": the gate that holds acks until the store has the records
+        # (remote/group_commit.py; set by the Log)
+        self.ack_gate = None
         self.appender = None if readonly else Appender(self, config)
         if not readonly and alone:
             txn_jobs.abort_orphans(self)

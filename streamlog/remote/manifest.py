@@ -52,6 +52,23 @@ class SegmentObject:
 
 
 @dataclasses.dataclass(frozen=True)
+class TailPiece:
+    """Durability "remote": bytes of a segment not yet in the store whole, in a tail
+    object (one object per group commit, pieces of every partition with new data).
+    A partition's pieces for one segment start at its position 0 and follow each other
+    without a gap, so together they are the segment's first bytes."""
+
+    key: str  # the tail object
+    object_size: int  # the whole tail object's size
+    at: int  # where the piece starts in the object
+    size: int
+    segment_base: int  # the local segment the bytes are from, and where in it
+    position: int
+    base_offset: int  # the first record's offset in the piece
+    end_offset: int  # exclusive
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionManifest:
     """One partition as a generation names it."""
 
@@ -62,6 +79,12 @@ class PartitionManifest:
     # The writer's acknowledged end when it committed this generation (durability
     # "local": what a restore after losing the machine reports as lost, at least).
     local_end: int = 0
+    tail: tuple[TailPiece, ...] = ()  # after the segment objects, in offset order
+
+    @property
+    def sealed_end(self) -> int:
+        """The end of what the segment objects hold."""
+        return self.segments[-1].end_offset if self.segments else self.start_offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +162,8 @@ def _manifest(found: dict[str, Any]) -> Manifest:
         segments = tuple(SegmentObject(**segment) for segment in part["segments"])
         partitions[str(name)] = PartitionManifest(
             int(part["start_offset"]), int(part["committed_end"]), part["start_hwm_us"],
-            segments, int(part.get("local_end", 0)))
+            segments, int(part.get("local_end", 0)),
+            tuple(TailPiece(**piece) for piece in part.get("tail", ())))
     return Manifest(int(found["generation"]), int(found["epoch"]), str(found["writer"]),
                     {str(k): int(v) for k, v in found["streams"].items()}, partitions,
                     tuple((str(key), int(after)) for key, after in found["garbage"]))

@@ -38,6 +38,7 @@ from ..index import Index
 from ..index_storage import wipe_index
 from ..layout import partition_dir, segment_name, stream_dir
 from ..maintenance import START_MARKS_NAME
+from ..scan import StopReason, scan_buffer
 from ..seal import write_seal
 from .manifest import Manifest
 from .segment_object import fill_index
@@ -96,7 +97,7 @@ def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
                 directory = partition_dir(path, stream, number)
                 fileio.makedirs(directory)
                 part = manifest.partitions.get(name)
-                if part is None or not part.segments:
+                if part is None or not (part.segments or part.tail):
                     continue
                 fetched = pool.map(lambda segment: (segment, _fetch(store, segment)),
                                    part.segments)
@@ -110,7 +111,14 @@ def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
                     report.bytes += len(data)
                     if progress is not None:
                         progress(name, len(data))
-                _new_active_segment(fileio, directory, part.committed_end)
+                for base, data in _tail_segments(store, part.tail):
+                    # durability "remote": the segments the store has as pieces, the
+                    # last of them the active one
+                    write_file_atomic(fileio, os.path.join(directory, segment_name(base)),
+                                      data)
+                    report.bytes += len(data)
+                if not part.tail:
+                    _new_active_segment(fileio, directory, part.committed_end)
                 if part.start_offset > 0 and part.start_hwm_us is not None:
                     write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
                                       json.dumps({"marks": [[part.start_offset,
@@ -140,6 +148,34 @@ def _fetch(store, segment) -> bytes:
         raise CorruptObject(segment.key, 0, f"does not match its manifest entry (size "
                             f"{len(data)}, expected {segment.size}, or checksum)")
     return data
+
+
+def _tail_segments(store, pieces) -> list[tuple[int, bytes]]:
+    """[(segment base, its bytes)] from tail pieces, each checked to be whole frames
+    running from the piece's first offset to its end (CorruptObject names the tail
+    object and the position in it otherwise: a restore never writes what a writer's
+    recovery could take for a torn tail and cut)."""
+    segments: dict[int, list[bytes]] = {}
+    for piece in pieces:
+        try:
+            data = store.get_range(piece.key, piece.at, piece.at + piece.size)
+        except ObjectNotFound:
+            raise CorruptObject(piece.key, piece.at, "missing from the store, though a "
+                                "committed manifest generation names it") from None
+        scanned = scan_buffer(data, 0, expect_offset=piece.base_offset)
+        if len(data) != piece.size or scanned.stop is not StopReason.END or (
+                not scanned.frames or scanned.frames[-1].next_offset != piece.end_offset):
+            where = piece.at + (scanned.end if len(data) == piece.size else len(data))
+            raise CorruptObject(piece.key, where, f"the tail piece of offsets "
+                                f"{piece.base_offset}..{piece.end_offset - 1} is not whole "
+                                f"frames ({scanned.reason or scanned.stop.name.lower()})")
+        chunks = segments.setdefault(piece.segment_base, [])
+        if sum(map(len, chunks)) != piece.position:
+            raise CorruptObject(piece.key, piece.at, f"the manifest places a tail piece at "
+                                f"position {piece.position} of the segment at "
+                                f"{piece.segment_base}, after a gap")
+        chunks.append(data)
+    return [(base, b"".join(chunks)) for base, chunks in segments.items()]
 
 
 def _new_active_segment(fileio, directory: str, base_offset: int) -> None:

@@ -169,16 +169,20 @@ def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
     commit its `successor()`, after any other uploads of the round). The segment must
     continue the partition's committed end."""
     current = manifest.partitions.get(partition, PartitionManifest())
-    if base_offset != current.committed_end and current.segments:
+    held = bool(current.segments or current.tail)
+    if held and base_offset != current.sealed_end:
         raise ValueError(f"segment {base_offset} of {partition} does not continue the "
-                         f"store's end {current.committed_end}")
+                         f"store's segment objects, which end at {current.sealed_end}")
     key = segment_key(partition, base_offset, manifest.epoch)
     segment, index = describe(data, key=key, base_offset=base_offset, hwm_before=hwm_before)
     store.put(key, bytes(data))
     store.put(segment.index_key, index)
-    start = current.start_offset if current.segments else base_offset
-    updated = dataclasses.replace(current, start_offset=start,
-                                  committed_end=segment.end_offset,
-                                  segments=(*current.segments, segment))
+    start = current.start_offset if held else base_offset
+    # the segment's tail pieces (durability remote) leave: the object holds their bytes
+    updated = dataclasses.replace(
+        current, start_offset=start,
+        committed_end=max(current.committed_end, segment.end_offset),
+        segments=(*current.segments, segment),
+        tail=tuple(piece for piece in current.tail if piece.segment_base != base_offset))
     return dataclasses.replace(manifest, partitions={**manifest.partitions,
                                                      partition: updated})

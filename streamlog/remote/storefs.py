@@ -31,13 +31,14 @@ import json
 import os
 import struct
 import threading
+from typing import NamedTuple
 
 from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
 from ..errors import CorruptObject, ObjectNotFound
 from ..layout import partition_dir, segment_name, stream_dir, streams_dir
 from ..locks import PARTITION_LOCK_NAME
 from ..maintenance import START_MARKS_NAME
-from .manifest import Manifest, PartitionManifest, SegmentObject
+from .manifest import Manifest, PartitionManifest, SegmentObject, TailPiece
 
 _LOCK_BYTES = struct.calcsize("<QQqqqqQ")  # locks._STATE: counter, tail state, layout
 _COUNTER = struct.Struct("<Q")
@@ -125,6 +126,38 @@ class RangeCache:
         return fetched
 
 
+class _Pieces(NamedTuple):
+    """A segment the store holds as tail pieces (durability "remote"): its first
+    `size` bytes, piece after piece."""
+
+    pieces: tuple[TailPiece, ...]
+
+    @property
+    def size(self) -> int:
+        last = self.pieces[-1]
+        return last.position + last.size
+
+    def read(self, cache: RangeCache, position: int, size: int) -> bytes:
+        end = min(position + size, self.size)
+        out = []
+        for piece in self.pieces:
+            lo, hi = max(position, piece.position), min(end, piece.position + piece.size)
+            if lo < hi:
+                at = piece.at + lo - piece.position
+                out.append(cache.read(piece.key, piece.object_size, at, hi - lo))
+        return b"".join(out)
+
+
+def _grown(old, new) -> bool:
+    """Is `new` the same segment file as `old`, with as many bytes or more (a segment
+    whose pieces grew, or that went up whole since)?"""
+    if not isinstance(old, _Pieces) or not isinstance(new, (_Pieces, SegmentObject)):
+        return False
+    if isinstance(new, SegmentObject):
+        return new.size >= old.size
+    return new.pieces[:len(old.pieces)] == old.pieces
+
+
 class _Tree:
     """The directory a manifest generation makes: {path: bytes or SegmentObject},
     {directory: sorted names}."""
@@ -153,6 +186,11 @@ class _Tree:
                         {"marks": [[part.start_offset, part.start_hwm_us]]}).encode())
                 for segment in part.segments:
                     self._add(os.path.join(pdir, segment_name(segment.base_offset)), segment)
+                by_segment: dict[int, list[TailPiece]] = {}
+                for piece in part.tail:
+                    by_segment.setdefault(piece.segment_base, []).append(piece)
+                for base, pieces in by_segment.items():
+                    self._add(os.path.join(pdir, segment_name(base)), _Pieces(tuple(pieces)))
         self.dirs = {path: sorted(names) for path, names in self.dirs.items()}
 
     def _add(self, path: str, entry, *, directory: bool = False) -> None:
@@ -239,18 +277,31 @@ class StoreFileIO:
     def close(self, handle: int) -> None:
         self._handles.pop(handle, None)
 
-    def size(self, handle: int) -> int:
+    def _current(self, handle: int):
+        """(path, entry) of a handle, moved to the pinned generation's entry when that
+        is the same segment grown (new tail pieces, or the whole object since)."""
         path, entry = self._handle(handle)
-        if isinstance(entry, SegmentObject):
+        if isinstance(entry, _Pieces):
+            now = self._tree.files.get(path)
+            if now is not entry and _grown(entry, now):
+                self._handles[handle] = (path, now)
+                entry = now
+        return path, entry
+
+    def size(self, handle: int) -> int:
+        path, entry = self._current(handle)
+        if isinstance(entry, (SegmentObject, _Pieces)):
             return entry.size
         if entry is None:
             return _LOCK_BYTES
         return len(entry)
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
-        path, entry = self._handle(handle)
+        path, entry = self._current(handle)
         if isinstance(entry, SegmentObject):
             return self.cache.read(entry.key, entry.size, position, size)
+        if isinstance(entry, _Pieces):
+            return entry.read(self.cache, position, size)
         if entry is None:
             return bytes(self._counter(path)[position:position + size])
         return entry[position:position + size]
@@ -268,6 +319,8 @@ class StoreFileIO:
 
     def identity(self, path: str) -> tuple:
         entry = self._entry(path) if path not in self._tree.dirs else path
+        if isinstance(entry, _Pieces):  # the same file as it grows
+            return ("store", path, entry.pieces[0].key)
         return ("store", entry.key if isinstance(entry, SegmentObject) else path)
 
     def path_of(self, handle: int) -> str:

@@ -15,6 +15,14 @@ A segment that has taken appends is sealed once it is `lag_max_s` old, appends o
 (Partition.roll_if_older, config.remote_max_lag_s), so the store lags the log by at
 most about that even when the log goes quiet.
 
+Durability "remote" (group_commit.py): the same job also commits the tail. Between the
+full rounds (every `interval_s`: the take-over check, idle rolls, sealed segments) it
+runs tail rounds whenever acks wait, at most one per `commit_interval_s` (sooner when
+`commit_bytes` wait): one tail object for every partition with new records and one
+generation naming its pieces, after which the gate releases the acks the store holds.
+Tail objects no piece names any more go on the manifest's garbage list, and are
+deleted after `grace_s` (longer than any reader keeps a generation pinned).
+
 The store down or slow: a round's error is kept (`error`), logged once per kind, and the
 next round tries again after `retry_s` (the store port's Retrying handles the backoff
 within a round); nothing local is touched, so nothing is lost, and the backlog drains
@@ -26,10 +34,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 
+from ..clock import SYSTEM_CLOCK
 from ..errors import Fenced, LogClosed, PartitionFailed, ReadOnlyLog, StoreError
 from . import manifest as manifests
-from .manifest import Manifest, PartitionManifest
+from .group_commit import AckGate, tail_runs
+from .manifest import Manifest, PartitionManifest, TailPiece
 from .segment_object import upload
 
 log = logging.getLogger("streamlog.remote")
@@ -41,8 +52,20 @@ class Tiering:
 
     def __init__(self, store, partitions, *, writer: str, interval_s: float = 1.0,
                  retry_s: float = 5.0, lag_max_s: float | None = None,
-                 manifest: Manifest | None = None) -> None:
+                 manifest: Manifest | None = None, durability: str = "local",
+                 commit_interval_s: float = 0.01, commit_bytes: int = 4 * 2**20,
+                 ack_timeout_s: float = 30.0, grace_s: float = 900.0,
+                 clock=SYSTEM_CLOCK) -> None:
         self.store = store
+        self.clock = clock
+        self.commit_interval_s = commit_interval_s
+        self.grace_s = grace_s
+        # durability "remote": acks wait here for the store (None under "local")
+        self.gate = AckGate(self.committed_end, self._want_commit, timeout_s=ack_timeout_s,
+                            clock=clock, wake_bytes=commit_bytes) \
+            if durability == "remote" else None
+        self._urgent = False
+        self._full_due = 0.0  # monotonic time of the next full round
         self._partitions = partitions
         self.interval_s = interval_s
         self.lag_max_s = lag_max_s  # seal an active segment older than this (None: never)
@@ -52,7 +75,8 @@ class Tiering:
         self.manifest: Manifest = manifest or manifests.take_over(store, writer)
         self.error: BaseException | None = None
         self.fenced = False
-        self.stats = {"rounds": 0, "segments": 0, "bytes": 0, "commits": 0, "errors": 0}
+        self.stats = {"rounds": 0, "segments": 0, "bytes": 0, "commits": 0, "errors": 0,
+                      "tail_commits": 0, "tail_bytes": 0, "puts": 0, "deleted": 0}
         self._token = id(self)  # the hold this job keeps in each partition
         self._wake = threading.Event()
         self._stopping = False
@@ -78,10 +102,16 @@ class Tiering:
         if self._thread is not None:
             self._thread.join()
 
+    def _want_commit(self, urgent: bool = False) -> None:
+        """The gate holds acks: a tail round soon (now when `urgent`)."""
+        self._urgent = self._urgent or urgent
+        self._wake.set()
+
     def keep(self, part) -> None:
-        """Hold in `part` what the store does not have yet, against local retention
-        (called before each retention, and after each round)."""
-        part.hold(self._token, self.committed_end(part.name))
+        """Hold in `part` what the store does not have yet as whole segments, against
+        local retention (called before each retention, and after each round)."""
+        found = self.manifest.partitions.get(part.name)
+        part.hold(self._token, found.sealed_end if found is not None else 0)
 
     def committed_end(self, partition: str) -> int:
         """The partition's remote committed end (exclusive, like end_offset)."""
@@ -89,50 +119,142 @@ class Tiering:
 
     # -- a round -----------------------------------------------------------------------
 
-    def run_once(self) -> int:
-        """Upload every sealed segment the store lacks and commit one generation naming
-        them; returns how many went up. Raises Fenced, StoreError."""
+    def run_once(self, *, full: bool = True) -> int:
+        """A round: when `full`, look for a take-over, seal idle segments and upload
+        every sealed segment the store lacks; under durability "remote", commit the
+        tail too. One generation names all of it. Returns how many segments went up.
+        Raises Fenced, StoreError."""
         with self._round_lock:
             if self.fenced:
                 raise Fenced("a newer writer took this log over in the store")
+            try:
+                return self._round(full)
+            except Fenced as error:
+                self.fenced = True
+                if self.gate is not None:
+                    self.gate.fail(error)
+                raise
+            finally:
+                if self.gate is not None:
+                    self.gate.committed()  # releases what the store has, expires the rest
+
+    def _round(self, full: bool) -> int:
+        if full:
             self._check_not_taken_over()
-            current = self.manifest
-            proposed, uploaded, parts = current, 0, list(self._partitions())
-            streams = dict(current.streams)
-            if self.lag_max_s is not None:
-                for part in parts:  # an idle segment seals too, so the store keeps up
-                    active = part.state.segments.active if part.state.segments else None
-                    if active is None or active.size_bytes == 0 or (
-                            part.clock.monotonic_s() - active.created_monotonic
-                            <= self.lag_max_s):
-                        continue  # (no job on the writer thread for a young or empty one)
-                    try:
-                        part.roll_if_older(self.lag_max_s)
-                    except (LogClosed, PartitionFailed, ReadOnlyLog):
-                        pass  # nothing more is written there: what is sealed goes up
-            for part in parts:
-                stream, _, number = part.name.rpartition("/")
-                streams[stream] = max(streams.get(stream, 0), int(number) + 1)
+        current = self.manifest
+        proposed, uploaded, parts = current, 0, list(self._partitions())
+        streams = dict(current.streams)
+        if full and self.lag_max_s is not None:
+            self._roll_idle(parts)
+        for part in parts:
+            stream, _, number = part.name.rpartition("/")
+            streams[stream] = max(streams.get(stream, 0), int(number) + 1)
+            if full:
                 proposed, count, nbytes = self._upload_partition(proposed, part)
                 uploaded += count
                 self.stats["bytes"] += nbytes
-            if uploaded or streams != current.streams:
-                proposed = dataclasses.replace(proposed, streams=streams, partitions={
+        tail_bytes = self._add_tail(proposed, parts) if self.gate is not None else None
+        if tail_bytes is not None:
+            proposed = tail_bytes[0]
+        if full:
+            proposed = self._sweep(proposed)
+        if uploaded or tail_bytes is not None or streams != current.streams or (
+                proposed.garbage != current.garbage):
+            proposed = self._with_garbage(current, dataclasses.replace(
+                proposed, streams=streams, partitions={
                     **proposed.partitions, **{
-                        part.name: dataclasses.replace(
-                            proposed.partitions.get(part.name, PartitionManifest()),
-                            local_end=part.end_offset) for part in parts}})
-                try:
-                    self.manifest = manifests.commit(self.store, proposed.successor())
-                except Fenced:
-                    self.fenced = True
-                    raise
-                self.stats["commits"] += 1
-            self.stats["segments"] += uploaded
-            self.stats["rounds"] += 1
-            for part in parts:  # local retention keeps what the store does not have
-                self.keep(part)
-            return uploaded
+                        part.name: self._with_local_end(proposed, part) for part in parts}}))
+            self.manifest = manifests.commit(self.store, proposed.successor())
+            self.stats["commits"] += 1
+            self.stats["puts"] += 1
+            if tail_bytes is not None:
+                self.stats["tail_commits"] += 1
+                self.stats["tail_bytes"] += tail_bytes[1]
+        self.stats["segments"] += uploaded
+        self.stats["rounds"] += 1
+        for part in parts:  # local retention keeps what the store does not have
+            self.keep(part)
+        return uploaded
+
+    def _with_local_end(self, proposed: Manifest, part) -> PartitionManifest:
+        """The partition's entry with the end this writer has acknowledged: its local
+        end under durability "local" (a restore reports what lies past the store's end
+        as lost), the store's own end under "remote" (nothing past it was acked)."""
+        found = proposed.partitions.get(part.name, PartitionManifest())
+        return dataclasses.replace(found, local_end=part.end_offset if self.gate is None
+                                   else found.committed_end)
+
+    def _roll_idle(self, parts) -> None:
+        for part in parts:  # an idle segment seals too, so the store keeps up
+            active = part.state.segments.active if part.state.segments else None
+            if active is None or active.size_bytes == 0 or (
+                    part.clock.monotonic_s() - active.created_monotonic <= self.lag_max_s):
+                continue  # (no job on the writer thread for a young or empty one)
+            try:
+                part.roll_if_older(self.lag_max_s)
+            except (LogClosed, PartitionFailed, ReadOnlyLog):
+                pass  # nothing more is written there: what is sealed goes up
+
+    def _add_tail(self, proposed: Manifest, parts):
+        """(proposed with the tail pieces of one new tail object, its bytes), or None
+        when no partition has records the store lacks. Puts the object."""
+        runs = {}
+        for part in parts:
+            found = tail_runs(part.state, proposed.partitions.get(part.name,
+                                                                  PartitionManifest()))
+            if found:
+                runs[part.name] = found
+        if not runs:
+            return None
+        key = f"tail/{proposed.epoch}/{proposed.generation + 1:020d}"
+        chunks, placed, at = [], [], 0
+        for name, found in runs.items():
+            for run in found:
+                data = run.segment.read(run.position, run.size)
+                if len(data) != run.size:
+                    raise StoreError(f"{name}: {run.size} bytes at {run.position} of the "
+                                     f"segment at {run.segment.base_offset} could not be "
+                                     f"read ({len(data)} were)", key=key)
+                chunks.append(data)
+                placed.append((name, run, at))
+                at += run.size
+        self.store.put(key, b"".join(chunks))
+        self.stats["puts"] += 1
+        partitions = dict(proposed.partitions)
+        for name, run, offset in placed:
+            part = partitions.get(name, PartitionManifest())
+            piece = TailPiece(key, at, offset, run.size, run.segment.base_offset,
+                              run.position, run.base_offset, run.end_offset)
+            first = not part.segments and not part.tail
+            partitions[name] = dataclasses.replace(
+                part, tail=(*part.tail, piece),
+                start_offset=run.base_offset if first else part.start_offset,
+                committed_end=max(part.committed_end, run.end_offset))
+        return dataclasses.replace(proposed, partitions=partitions), at
+
+    def _with_garbage(self, current: Manifest, proposed: Manifest) -> Manifest:
+        """`proposed` with the tail objects `current` named and it no longer does on
+        the garbage list, deletable after the grace period."""
+        named = {piece.key for part in proposed.partitions.values() for piece in part.tail}
+        dropped = {piece.key for part in current.partitions.values()
+                   for piece in part.tail} - named
+        if not dropped:
+            return proposed
+        after = self.clock.wall_us() + int(self.grace_s * 1e6)
+        return dataclasses.replace(proposed, garbage=(
+            *proposed.garbage, *((key, after) for key in sorted(dropped))))
+
+    def _sweep(self, proposed: Manifest) -> Manifest:
+        """Delete the garbage whose grace period is over; `proposed` without it."""
+        now = self.clock.wall_us()
+        due = [key for key, after in proposed.garbage if after <= now]
+        if not due:
+            return proposed
+        for key in due:
+            self.store.delete(key)
+            self.stats["deleted"] += 1
+        return dataclasses.replace(proposed, garbage=tuple(
+            item for item in proposed.garbage if item[1] > now))
 
     def _check_not_taken_over(self) -> None:
         """Fenced (for good) when a newer writer has committed a generation with a
@@ -150,11 +272,12 @@ class Tiering:
         remote = proposed.partitions.get(part.name, PartitionManifest())
         count = nbytes = 0
         for segment in state.segments[:-1]:  # the sealed ones
-            end = remote.committed_end if remote.segments else None
+            end = remote.sealed_end if (remote.segments or remote.tail) else None
             if end is not None and segment.base_offset < end:
                 continue  # the store has it
             if end is not None and segment.base_offset != end:
-                raise StoreError(f"{part.name}: the store ends at {end} but the next local "
+                raise StoreError(f"{part.name}: the store's segments end at {end} but the "
+                                 f"next local "
                                  f"segment starts at {segment.base_offset}: a gap the "
                                  f"store cannot be given", key=None)
             hwm_before = remote.segments[-1].hwm_us if remote.segments else (
@@ -175,10 +298,14 @@ class Tiering:
     def _run(self) -> None:
         reported: type | None = None
         while not self._stopping:
+            started = self.clock.monotonic_s()
+            full = self.gate is None or started >= self._full_due
+            wait = self.interval_s
             try:
-                self.run_once()
+                self.run_once(full=full)
+                if full:
+                    self._full_due = started + self.interval_s
                 self.error, reported = None, None
-                wait = self.interval_s
             except Fenced as error:
                 self.error = error
                 log.error("tiering stopped: %s", error)
@@ -190,6 +317,16 @@ class Tiering:
                     log.warning("tiering to %s: %s (retrying every %.0f s)",
                                 getattr(self.store, "url", "the store"), error, self.retry_s)
                     reported = type(error)
-                wait = self.retry_s
+                wait = self.retry_s if self.gate is None else min(self.retry_s, 1.0)
+            if self.gate is not None:
+                if self.gate.waiting() and self.error is None:
+                    wait = 0.0  # acks arrived during the round: the next one is due
+                wait = min(wait, max(0.0, self._full_due - self.clock.monotonic_s()))
             self._wake.wait(wait)
             self._wake.clear()
+            if self.gate is not None and not self._urgent and not self._stopping:
+                # one tail round per commit interval: what arrives meanwhile goes too
+                spare = started + self.commit_interval_s - self.clock.monotonic_s()
+                if spare > 0:
+                    time.sleep(spare)
+            self._urgent = False

@@ -113,6 +113,8 @@ class FakePartition:
     `gate`: entering the lock sets `entered`, then waits for the gate, so a test can
     hold the writer thread inside a commit while more appends queue up."""
 
+    ack_gate = None  # acks go out at once (durability "local")
+
     def __init__(self, *, gate: threading.Event | None = None) -> None:
         self.name = "fake/0"
         self.config = LogConfig()

@@ -1,0 +1,192 @@
+"""Durability "remote" (remote/group_commit.py, tiering.py): an ack means a committed
+manifest generation holds the record. Group commits put one tail object for every
+partition with new records; sealed segments replace their pieces; a restore after
+the machine is lost has every acknowledged record at its offset; the store down is a
+StoreTimeout, never a crash or a loss; a newer writer fences the acks. In memory:
+MemoryFileIO per machine, MemoryStore for the store; real threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import streamlog
+from streamlog.errors import CorruptionError, CorruptObject, Fenced, StoreTimeout
+from streamlog.remote import manifest as manifests
+from streamlog.testing import MemoryFileIO
+from streamlog.testing.memindex import MemoryIndexStorage
+from streamlog.testing.memstore import MemoryBucket, MemoryStore
+
+OPTIONS = dict(segment_bytes_max=8192, compression="none", fsync="never",
+               durability="remote", remote_commit_ms=2)
+
+
+def machine() -> dict:
+    return {"fileio": MemoryFileIO(), "index_storage": MemoryIndexStorage()}
+
+
+def open_remote(bucket, disk=None, **options):
+    return streamlog.open_log("/data/log", remote=MemoryStore(bucket), **(disk or machine()),
+                              **{**OPTIONS, **options})
+
+
+def store_end(bucket, name: str) -> int:
+    found = manifests.latest(MemoryStore(bucket)).partitions.get(name)
+    return found.committed_end if found is not None else 0
+
+
+def append_from_threads(log, threads: int, each: int) -> dict[int, list]:
+    """Appends from real threads; {partition: [(offset, value)]} of the acks."""
+    acked: dict[int, list] = {0: [], 1: [], 2: []}
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        for i in range(each):
+            value = b"t%02d-%04d" % (t, i) + b"." * 40
+            partition = (t + i) % 3
+            offset = log.append_sync("s", value, partition=partition,
+                                     timestamp_us=1_000_000 + i).offset
+            with lock:
+                acked[partition].append((offset, value))
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    return acked
+
+
+def test_an_ack_means_a_committed_generation_holds_the_record():
+    bucket = MemoryBucket()
+    with open_remote(bucket) as log:
+        log.create_stream("s", 3)
+        for i in range(60):
+            offset = log.append_sync("s", b"r%03d" % i, partition=i % 3).offset
+            assert store_end(bucket, f"s/{i % 3}") > offset  # already, at the ack
+        txn = log.new_txn_id()
+        log.append_batch_sync("s", [b"in-txn"], partition=0, txn_id=txn)
+        at = log.commit_txn("s", 0, txn, tag="q", marker=b"m1")
+        assert store_end(bucket, "s/0") > at
+
+        async def appended():
+            return await log.append("s", b"awaited", partition=1)
+
+        position = asyncio.run(appended())
+        assert store_end(bucket, "s/1") > position.offset
+        with streamlog.open_log(MemoryStore(bucket)) as view:
+            assert [r.value for r in view.reader("s", 1)][-1] == b"awaited"
+            assert view.last_commit("s", 0, "q") == b"m1"
+
+
+def test_one_tail_object_per_commit_for_every_partition_with_new_records():
+    bucket = MemoryBucket()
+    with open_remote(bucket, remote_commit_ms=20) as log:
+        log.create_stream("s", 3)
+        append_from_threads(log, threads=9, each=30)
+        stats = dict(log.tiering.stats)
+        newest = manifests.latest(MemoryStore(bucket))
+    assert stats["tail_commits"] < 9 * 30 / 2  # acks were grouped
+    keys = {piece.key for part in newest.partitions.values() for piece in part.tail}
+    shared = [key for key in keys if sum(
+        piece.key == key for part in newest.partitions.values() for piece in part.tail) >= 2]
+    assert shared, "no tail object held pieces of several partitions"
+    assert stats["puts"] >= 2 * stats["tail_commits"]  # the object and the manifest
+
+
+def test_a_restore_after_losing_the_machine_has_every_acknowledged_record():
+    bucket = MemoryBucket()
+    log = open_remote(bucket)
+    log.create_stream("s", 3)
+    acked = append_from_threads(log, threads=6, each=60)
+    # the machine is gone: nothing closed, nothing flushed; a new one restores
+    with open_remote(bucket) as restored:
+        assert restored.info()["restored"]["lost"] == {}
+        for partition, items in acked.items():
+            got = {r.offset: r.value for r in restored.reader("s", partition)}
+            assert all(got.get(offset) == value for offset, value in items)
+            assert len(got) >= len(items)  # (a record written but not acked may be too)
+            assert restored.append_sync("s", b"next", partition=partition).offset == (
+                restored.end_offset("s", partition) - 1)
+    log.tiering.close()
+
+
+def test_sealed_segments_replace_their_pieces_and_unnamed_tail_objects_are_swept():
+    bucket = MemoryBucket()
+    store = MemoryStore(bucket)
+    with open_remote(bucket, remote_grace_s=0.05) as log:
+        log.create_stream("s", 1)
+        for i in range(400):  # several segments roll
+            log.append_sync("s", b"%05d" % i + b"-" * 60)
+        log.tiering.run_once()  # a full round: the sealed segments go up whole
+        newest = manifests.latest(store).partitions["s/0"]
+        assert len(newest.segments) >= 2
+        assert {p.segment_base for p in newest.tail} <= {
+            log._partition("s", 0).state.segments[-1].base_offset}
+        garbage = [key for key, _ in manifests.latest(store).garbage]
+        assert garbage and all(store.bucket.object(f"{key}") for key in garbage[:1])
+        time.sleep(0.1)
+        log.tiering.run_once()
+        assert manifests.latest(store).garbage == ()
+        assert not [meta for meta in store.list("tail") if meta.key in garbage]
+        with streamlog.open_log(MemoryStore(bucket)) as view:
+            assert [r.value for r in view.reader("s", 0)] == [
+                r.value for r in log.reader("s", 0)]
+
+
+def test_the_store_down_is_a_timeout_then_the_backlog_drains():
+    bucket = MemoryBucket()
+    store = MemoryStore(bucket)
+    log = streamlog.open_log("/data/log", remote=store, **machine(),
+                             **{**OPTIONS, "remote_timeout_s": 0.3})
+    with log:
+        log.create_stream("s", 1)
+        log.append_sync("s", b"before")
+        store.down()
+        started = time.monotonic()
+        with pytest.raises(StoreTimeout):
+            log.append_sync("s", b"while down")
+        assert time.monotonic() - started < 5
+        assert [r.value for r in log.reader("s", 0)] == [b"before", b"while down"]
+        store.up()
+        assert log.append_sync("s", b"after").offset == 2
+        assert store_end(bucket, "s/0") == 3  # the timed-out record went up too
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        assert [r.value for r in view.reader("s", 0)] == [b"before", b"while down", b"after"]
+
+
+def test_a_newer_writer_fences_the_older_writers_acks():
+    bucket = MemoryBucket()
+    older = open_remote(bucket)
+    older.create_stream("s", 1)
+    older.append_sync("s", b"mine")
+    with open_remote(bucket) as newer:
+        with pytest.raises(Fenced):
+            for _ in range(100):  # its next commit meets the newer epoch
+                older.append_sync("s", b"late")
+        assert newer.append_sync("s", b"theirs").offset == 1
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        assert [r.value for r in view.reader("s", 0)] == [b"mine", b"theirs"]
+    older.tiering.close()
+
+
+def test_damage_in_a_tail_object_is_named_and_never_delivered():
+    bucket = MemoryBucket()
+    with open_remote(bucket) as log:
+        log.create_stream("s", 1)
+        for i in range(20):
+            log.append_sync("s", b"%05d" % i + b"-" * 30)
+        log.tiering.close()
+    piece = manifests.latest(MemoryStore(bucket)).partitions["s/0"].tail[5]
+    MemoryStore(bucket).flip_bit(piece.key, piece.at + piece.size - 3, 1)
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        got = []
+        with pytest.raises(CorruptionError):
+            for record in view.reader("s", 0):
+                got.append(record.offset)
+        assert got == list(range(piece.base_offset))
+    with pytest.raises(CorruptObject, match=piece.key):
+        open_remote(bucket)
