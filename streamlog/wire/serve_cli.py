@@ -91,9 +91,14 @@ object store:
   lags by about that at most. The endpoint and credentials come from AWS_ENDPOINT_URL,
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION (`./dev store` starts one on
   loopback and prints them). Starting takes the log over in the store: an older writer
-  of it is fenced. --durability local (the default, and for now the only one): an
-  acknowledged append is durable on this machine's disk. `streamlog info
-  streamlog://HOST:PORT --json` shows each partition's remote_committed_offset.
+  of it is fenced. --durability local (the default): an acknowledged append is durable
+  on this machine's disk. --durability remote: an append is acknowledged once the store
+  holds it (group commits every --remote-commit-ms, default 10: one object for every
+  partition with new records, then one manifest generation); losing the machine loses
+  nothing acknowledged, and an append the store does not take within
+  --remote-timeout-s fails with a timeout. An empty LOG directory continues from the
+  store. `streamlog info streamlog://HOST:PORT --json` shows each partition's
+  remote_committed_offset.
 
 logs and stopping:
   JSON lines on stderr, one event each. SIGTERM (or Ctrl-C) drains: the ports close,
@@ -174,9 +179,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="URL",
                         help="tier the log to an object store: s3://BUCKET/PREFIX "
                              "(endpoint and keys from the AWS_* variables)")
-    parser.add_argument("--durability", choices=("local",), default="local",
+    parser.add_argument("--durability", choices=("local", "remote"), default="local",
                         help="what an acknowledgement means with --remote: local (the "
-                             "local fsync; sealed segments go up in the background)")
+                             "local fsync; sealed segments go up in the background) or "
+                             "remote (the store holds it)")
+    parser.add_argument("--remote-commit-ms", type=int, default=10, metavar="MS",
+                        help="with --durability remote: at most one group commit to the "
+                             "store this often (default 10)")
+    parser.add_argument("--remote-timeout-s", type=float, default=30.0, metavar="S",
+                        help="with --durability remote: fail an append the store has not "
+                             "taken after this long (default 30)")
     parser.add_argument("--remote-max-lag-s", type=float, default=60.0, metavar="S",
                         help="seal and upload a segment that has taken appends once it "
                              "is this old (default 60)")
@@ -196,6 +208,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.remote is not None and not args.remote.startswith("s3://"):
         _say(f"--remote takes an s3://BUCKET/PREFIX URL (got {args.remote})")
+        return EXIT_USAGE
+    if args.durability == "remote" and args.remote is None:
+        _say("--durability remote needs --remote URL: the store is what makes it durable")
         return EXIT_USAGE
     try:
         metrics_port = metrics_port_for(args.port, args.metrics_port)
@@ -290,7 +305,9 @@ def _open_log(args: argparse.Namespace, metrics: Metrics):
     log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                    fileio=TimedFileIO(metrics.fsync_seconds),
                    scrub_interval_s=args.scrub_interval_s, remote=args.remote,
-                   remote_max_lag_s=args.remote_max_lag_s)
+                   remote_max_lag_s=args.remote_max_lag_s, durability=args.durability,
+                   remote_commit_ms=args.remote_commit_ms,
+                   remote_timeout_s=args.remote_timeout_s)
     if args.scrub_mib_per_s > 0:
         log.start_scrubber(bytes_per_s=max(int(args.scrub_mib_per_s * (1 << 20)), 1),
                            on_result=lambda result: count_scrub_result(metrics, result))
