@@ -41,7 +41,10 @@ class AdminOperations:
 
     def truncate_after(self, stream: str, partition: int, offset: int) -> int:
         """Forget every record after `offset` (crash-safe). Returns the new end offset."""
-        return self._partition(stream, partition).truncate_after(offset)
+        part = self._partition(stream, partition)
+        if self.tiering is not None:  # the store's copy is cut in the same step
+            return self.tiering.truncate(part, lambda: part.truncate_after(offset))
+        return part.truncate_after(offset)
 
     # -- durable holds (holds.py): positions retention keeps, across processes --------
 
@@ -116,6 +119,8 @@ class AdminOperations:
                 if self.tiering is not None:  # never a segment the store lacks
                     self.tiering.keep(part)
                 deleted += part.apply_retention(now_us)
+                if self.tiering is not None:  # the store's copy starts there too
+                    self.tiering.retain(part)
         return deleted
 
     def info(self) -> dict:

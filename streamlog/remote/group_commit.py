@@ -26,7 +26,7 @@ import threading
 from typing import NamedTuple
 
 from ..appender import resolve_waiters
-from ..errors import StoreError, StoreTimeout
+from ..errors import StoreError, StoreTimeout, StreamLogError
 from .manifest import PartitionManifest
 
 
@@ -128,6 +128,17 @@ class AckGate:
     def expire(self) -> None:
         """Fail the acks past their deadline (the store is not taking commits)."""
         self.committed()
+
+    def cut(self, name: str, end: int) -> None:
+        """The partition was truncated at `end`: acks held for records past it fail
+        (those records are gone)."""
+        with self._lock:
+            held = self._held.get(name)
+            cut = [entry for entry in held if entry[0] > end] if held else []
+            for entry in cut:
+                held.remove(entry)
+        resolve_waiters([item for entry in cut for item in _failed(entry[2], StreamLogError(
+            f"{name} was truncated at offset {end} before the store took these records"))])
 
     def fail(self, error: BaseException) -> None:
         """Fail every held ack, and every later one, with `error` (Fenced)."""

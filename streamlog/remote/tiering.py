@@ -96,11 +96,24 @@ class Tiering:
         self._wake.set()
 
     def close(self) -> None:
-        """Stop after the round under way (nothing is lost: the next open goes on)."""
+        """Stop after the round under way (nothing is lost: the next open goes on).
+        Under durability "remote", acks still held get a last tail round, and fail
+        with LogClosed when even that does not take them."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+        gate = self.gate
+        if gate is None or not gate.waiting():
+            return
+        if not self.fenced:
+            try:
+                self.run_once(full=False)
+            except (Fenced, StoreError, OSError) as error:
+                log.warning("closing: the last tail round failed: %s", error)
+        gate.fail(LogClosed("the log was closed before the store took these records (they "
+                            "are in the local log, and go up when it is opened again)"))
 
     def _want_commit(self, urgent: bool = False) -> None:
         """The gate holds acks: a tail round soon (now when `urgent`)."""
@@ -232,12 +245,74 @@ class Tiering:
                 committed_end=max(part.committed_end, run.end_offset))
         return dataclasses.replace(proposed, partitions=partitions), at
 
+    # -- retention and truncation: new generations, the dropped objects swept later ------
+
+    def retain(self, part) -> None:
+        """After local retention moved the partition's start: the store drops the
+        segment objects before it in a new generation (their objects are deleted after
+        the grace period, so a reader pinned to an older generation finishes)."""
+        with self._round_lock:
+            if self.fenced:
+                raise Fenced("a newer writer took this log over in the store")
+            current = self.manifest
+            found = current.partitions.get(part.name)
+            start = part.state.start_offset
+            if found is None or start <= found.start_offset:
+                return
+            kept = tuple(s for s in found.segments if s.end_offset > start)
+            updated = dataclasses.replace(
+                found, start_offset=start, start_hwm_us=part.state.start_hwm_us,
+                segments=kept, tail=tuple(p for p in found.tail if p.end_offset > start))
+            self._commit_partition(current, part.name, updated)
+
+    def truncate(self, part, truncate) -> int:
+        """Run `truncate()` (the local truncate_after, returning the new end) with no
+        round under way, then cut the store's copy at the new end in a new generation:
+        segment objects and tail pieces past it leave (the cut segment goes up again
+        once it seals, or as tail pieces under durability "remote"). Acks still held
+        for records past it fail."""
+        with self._round_lock:
+            if self.fenced:
+                raise Fenced("a newer writer took this log over in the store")
+            end = truncate()
+            current = self.manifest
+            found = current.partitions.get(part.name)
+            if self.gate is not None:
+                self.gate.cut(part.name, end)
+            if found is None or found.committed_end <= end:
+                return end
+            segments = tuple(s for s in found.segments if s.end_offset <= end)
+            sealed_end = segments[-1].end_offset if segments else found.start_offset
+            tail = []
+            for piece in found.tail:  # pieces of the segments kept whole, up to the end
+                if piece.end_offset > end or piece.segment_base < sealed_end:
+                    break
+                tail.append(piece)
+            committed = tail[-1].end_offset if tail else sealed_end
+            self._commit_partition(current, part.name, dataclasses.replace(
+                found, segments=segments, tail=tuple(tail), committed_end=committed,
+                local_end=min(found.local_end, end)))
+            return end
+
+    def _commit_partition(self, current: Manifest, name: str,
+                          updated: PartitionManifest) -> None:
+        proposed = self._with_garbage(current, dataclasses.replace(
+            current, partitions={**current.partitions, name: updated}))
+        try:
+            self.manifest = manifests.commit(self.store, proposed.successor())
+        except Fenced as error:
+            self.fenced = True
+            if self.gate is not None:
+                self.gate.fail(error)
+            raise
+        self.stats["commits"] += 1
+        self.stats["puts"] += 1
+
     def _with_garbage(self, current: Manifest, proposed: Manifest) -> Manifest:
-        """`proposed` with the tail objects `current` named and it no longer does on
-        the garbage list, deletable after the grace period."""
-        named = {piece.key for part in proposed.partitions.values() for piece in part.tail}
-        dropped = {piece.key for part in current.partitions.values()
-                   for piece in part.tail} - named
+        """`proposed` with the objects `current` named and it no longer does (tail
+        objects, segment and index objects) on the garbage list, deletable after the
+        grace period."""
+        dropped = _named(current) - _named(proposed)
         if not dropped:
             return proposed
         after = self.clock.wall_us() + int(self.grace_s * 1e6)
@@ -330,3 +405,15 @@ class Tiering:
                 if spare > 0:
                     time.sleep(spare)
             self._urgent = False
+
+
+def _named(manifest: Manifest) -> set[str]:
+    """Every object key a generation names."""
+    keys = set()
+    for part in manifest.partitions.values():
+        for segment in part.segments:
+            keys.add(segment.key)
+            if segment.index_key:
+                keys.add(segment.index_key)
+        keys.update(piece.key for piece in part.tail)
+    return keys
