@@ -492,7 +492,9 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             if self.scrubber is not None:
                 self.scrubber.stop()
             if self.tiering is not None:
-                self.tiering.close()
+                for part in self._all_partitions():
+                    part.stop_writing()  # what is queued is written (its acks held)...
+                self.tiering.close()  # ...and goes up in a last tail round
             if self.remote_view is not None:
                 self.remote_view.close()
             self._close_partitions()

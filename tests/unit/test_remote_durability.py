@@ -190,3 +190,24 @@ def test_damage_in_a_tail_object_is_named_and_never_delivered():
         assert got == list(range(piece.base_offset))
     with pytest.raises(CorruptObject, match=piece.key):
         open_remote(bucket)
+
+
+def test_closing_commits_what_is_queued_and_fails_nothing_the_store_took():
+    """Appends in flight when the log closes are written, go up in a last tail round
+    and are acknowledged; none is left waiting."""
+    bucket = MemoryBucket()
+    log = open_remote(bucket, remote_commit_ms=200)
+    log.create_stream("s", 1)
+    results = []
+
+    async def many():
+        results.extend(await asyncio.gather(*(log.append("s", b"%03d" % i)
+                                              for i in range(50))))
+
+    thread = threading.Thread(target=asyncio.run, args=(many(),))
+    thread.start()
+    time.sleep(0.05)
+    log.close()
+    thread.join(30)
+    assert not thread.is_alive() and len(results) == 50
+    assert store_end(bucket, "s/0") == 50
