@@ -158,9 +158,13 @@ def _view_intent(directory: str, segments: list, fileio) -> tuple[list, str | No
 
 def check_partition(stream: str, number: int, directory: str, *, fileio=None,
                     chunk_bytes: int = CHUNK_BYTES, use_seals: bool = True,
-                    check_payloads: bool = True, progress=None) -> PartitionCheck:
+                    check_payloads: bool = True, progress=None,
+                    index_storage=None) -> PartitionCheck:
     """Judge one partition's files from the first byte (see the module docstring).
-    `progress(bytes)` is called as bytes are checked."""
+    `progress(bytes)` is called as bytes are checked. `index_storage`: where the
+    partition's index lives (None: its LMDB files, through `fileio`; a log in an
+    object store: the view's, built from the index objects, whose recovery point is
+    the end of the last segment object)."""
     started = time.monotonic()
     fileio = fileio or OsFileIO()
     result = PartitionCheck(stream, number, directory)
@@ -171,7 +175,8 @@ def check_partition(stream: str, number: int, directory: str, *, fileio=None,
         result.segments = len(segments)
         if segments:
             _check_segments(result, segments, fileio, chunk_bytes, use_seals,
-                            check_payloads, progress, truncating=note is not None)
+                            check_payloads, progress, truncating=note is not None,
+                            index_storage=index_storage)
     finally:
         for segment in segments:
             segment.close()
@@ -181,10 +186,11 @@ def check_partition(stream: str, number: int, directory: str, *, fileio=None,
 
 def _check_segments(result: PartitionCheck, segments, fileio, chunk_bytes: int,
                     use_seals: bool, check_payloads: bool, progress, *,
-                    truncating: bool = False) -> None:
+                    truncating: bool = False, index_storage=None) -> None:
     # During a truncate the index still describes the partition before the cut (the
     # writer that finishes the intent reconciles it): its claim says nothing here.
-    claim = Claim(IndexClaim.ABSENT) if truncating else _claim(result, segments, fileio)
+    claim = Claim(IndexClaim.ABSENT) if truncating else _claim(result, segments, fileio,
+                                                               index_storage)
     def sealed(n: int) -> int | None:
         end_offset = _seal_matches(result, segments[n], fileio, progress)
         if end_offset is not None:
@@ -219,14 +225,14 @@ def _check_segments(result: PartitionCheck, segments, fileio, chunk_bytes: int,
         _record_finding(result, segments, end)
 
 
-def _claim(result: PartitionCheck, segments, fileio) -> Claim:
+def _claim(result: PartitionCheck, segments, fileio, index_storage=None) -> Claim:
     """The index's claim, read without changing a file. An index the table says to
     rebuild is reported, and the segments are judged as if there were none."""
     path = os.path.join(result.directory, "index")
     index = None
     try:
         index = Index(path, readonly=True, map_bytes=LogConfig().index_map_bytes,
-                      storage=LmdbIndexStorage(fileio))
+                      storage=index_storage or LmdbIndexStorage(fileio))
         claim = claim_index(segments, index)
     except CorruptIndex as error:
         claim = Claim(IndexClaim.UNREADABLE, problem=str(error))

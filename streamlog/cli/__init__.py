@@ -12,6 +12,11 @@ One module per command (append.py, read.py, info.py, dump.py, verify.py, repair.
 never modifies a file. `info`, `dump`, `verify` and `repair` judge the files with the
 same walker and decision table as an open (check.py, integrity.py), so no two commands
 disagree about the same bytes.
+
+LOG may also be a log in an object store (s3://BUCKET/PREFIX): `read`, `info`, `dump`
+and `verify` read it through its read-only view (store.py),
+and the commands that write (`append`, `repair`, `serve`) refuse it with exit 2. A store
+that cannot be reached, or refuses the credentials, is exit 3, as a daemon is.
 """
 
 from __future__ import annotations
@@ -21,17 +26,23 @@ import logging
 import os
 import sys
 
-from ..errors import (CorruptionError, InvalidArgument, LogLocked, OffsetOutOfRange,
-                      ReadOnlyLog, StreamLogError, UnknownStream)
+from ..errors import (CorruptionError, InvalidArgument, LogLocked, ObjectNotFound,
+                      OffsetOutOfRange, ReadOnlyLog, StoreError, StreamLogError,
+                      UnknownStream)
 from .common import (EXIT_BROKEN_PIPE, EXIT_DAEMON, EXIT_DATA, EXIT_INTERRUPTED, EXIT_USAGE,
                      CliError, DataError, Parser, UsageError, format_timestamp,
-                     parse_timestamp)
+                     parse_timestamp, refuse_store)
 from .append import parse_append_line
 
 
 def _add_serve(subparsers) -> None:
     from ..wire.serve_cli import add_serve_parser, run_serve
-    add_serve_parser(subparsers).set_defaults(run=run_serve)
+
+    def run(args) -> int:
+        refuse_store(args.log, "serve")  # it would take s3:/... for a directory
+        return run_serve(args)
+
+    add_serve_parser(subparsers).set_defaults(run=run)
 
 
 def _commands():
@@ -48,12 +59,17 @@ exit codes (every command):
        input line, an unknown stream, a LOG that is a file, not a log, or missing
        (append creates it; read --follow waits for it), a log that another process
        has open for writing when repair needs it alone
-  3    cannot reach or authenticate to a daemon (streamlog://HOST:PORT)
+  3    cannot reach or authenticate to a daemon (streamlog://HOST:PORT) or an
+       object store (s3://BUCKET/PREFIX), after the store's retries
   130  interrupted (Ctrl-C);  141  stdout was closed by its reader (e.g. `| head`)
 Errors are one line on stderr ("streamlog: error: ..."), never a traceback.
 
 environment:
   STREAMLOG_TOKEN     the daemon's token, for a LOG that is streamlog://HOST:PORT
+  AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
+                      the object store and its credentials, for a LOG that is
+                      s3://BUCKET/PREFIX (a log tiered to the store, read from
+                      anywhere: read, info, dump and verify take it; it is read-only)
   STREAMLOG_PROGRESS  progress bars go to stderr when it is a terminal; 0 turns them
                       off, 1 shows them anywhere
   STREAMLOG_DEBUG     1: an unexpected error (a bug) shows its traceback
@@ -62,6 +78,7 @@ examples:
   echo '{"value": "hello"}' | streamlog append data/log --stream events
   streamlog read data/log --stream events --from-end --follow
   streamlog verify data/log || streamlog repair data/log --dry-run
+  streamlog read s3://my-bucket/logs/orders --stream events --from-offset 100
   STREAMLOG_TOKEN=secret streamlog serve data/log
 
 Run 'streamlog COMMAND --help' for a command's options and examples.
@@ -100,6 +117,8 @@ def _exit_code(error: BaseException) -> int:
         return error.code
     if isinstance(error, (DaemonError, ProtocolError)):
         return EXIT_DAEMON
+    if isinstance(error, StoreError) and not isinstance(error, ObjectNotFound):
+        return EXIT_DAEMON  # the object store failed or refused (after its retries)
     if isinstance(error, CorruptionError):
         return EXIT_DATA
     if isinstance(error, (InvalidArgument, UnknownStream, OffsetOutOfRange, ReadOnlyLog,

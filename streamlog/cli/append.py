@@ -51,6 +51,8 @@ stderr; the lines before it are appended and reported, nothing after it.
 Several processes may append to one local log at once, a daemon's among them (while
 `streamlog repair` has the log to itself, append waits for it to finish). LOG may be a
 daemon URL: the records go to the daemon's log (--fsync is the daemon's own there).
+LOG may not be a log in an object store (s3://BUCKET/PREFIX): it is read-only here;
+append to the local log (or the daemon) that is tiered to it.
 On a terminal, stderr shows the progress (bytes of input read).
 
 examples:
@@ -64,7 +66,7 @@ examples:
 
 def add(subparsers) -> None:
     parser = subparser(subparsers, "append", "append JSON lines from stdin to a stream",
-                       _APPEND_EPILOG)
+                       _APPEND_EPILOG, store=False)
     parser.add_argument("--stream", required=True, type=stream_arg,
                         help="stream name (letters, digits, '.', '_', '-')")
     parser.add_argument("--partitions", type=partitions_arg, metavar="N",

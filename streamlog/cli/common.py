@@ -6,6 +6,10 @@ gave or what the files hold; `streamlog.cli.main` turns every exception into one
 stderr and an exit code. What the user gave is checked before anything is created or
 opened (a bad stream name never leaves an empty log behind). Nothing here writes to a
 log.
+
+LOG is a local directory, a daemon URL (streamlog://HOST:PORT) or a log in an object
+store (s3://BUCKET/PREFIX); opening a log to read it (any of the three) is store.py's.
+Commands that write refuse a store URL before anything is opened.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import sys
 
 from .. import layout
 from ..config import LogConfig
-from ..connect import open_log
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_DAEMON = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 DAEMON_SCHEMES = ("streamlog://", "streamlog+tls://")
+STORE_SCHEMES = ("s3://",)
 # Progress bars (tqdm) on stderr: only when it is a terminal, only for work that lasts
 # PROGRESS_DELAY_S, refreshed every PROGRESS_EVERY_S. STREAMLOG_PROGRESS=0 turns them
 # off, =1 shows them whatever stderr is (and at once).
@@ -49,6 +53,7 @@ class UsageError(CliError):
 
 class DataError(CliError):
     code = EXIT_DATA
+
 
 
 # -- timestamps, bytes and headers as text ---------------------------------------------
@@ -226,33 +231,68 @@ def partitions_arg(text: str) -> int:
     return value
 
 
-LOG_HELP_ANY = ("the log directory, or a daemon URL streamlog://HOST:PORT (token from "
-                "STREAMLOG_TOKEN)")
+LOG_HELP_ANY = ("the log directory, a daemon URL streamlog://HOST:PORT (token from "
+                "STREAMLOG_TOKEN), or a log in an object store s3://BUCKET/PREFIX, read "
+                "from here (endpoint and credentials from AWS_ENDPOINT_URL, "
+                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)")
+LOG_HELP_WRITE = ("the log directory, or a daemon URL streamlog://HOST:PORT (token from "
+                  "STREAMLOG_TOKEN); not an s3:// URL: a log in an object store is "
+                  "read-only here")
+LOG_HELP_FILES = ("the log directory, or a log in an object store s3://BUCKET/PREFIX "
+                  "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+                  "AWS_SECRET_ACCESS_KEY, AWS_REGION): this command reads the segment "
+                  "files (objects) directly, so it does not take a daemon URL")
 LOG_HELP_LOCAL = ("the log directory (a local path: this command reads the segment files "
-                  "directly, so it does not take a daemon URL)")
+                  "directly, so it does not take a daemon URL, and changes them, so it "
+                  "does not take an s3:// URL either)")
 
 
 def subparser(subparsers, name: str, summary: str, epilog: str, *,
-              url: bool = True) -> argparse.ArgumentParser:
-    """A subcommand whose first argument is LOG; `url`: may LOG be a daemon URL?"""
+              url: bool = True, store: bool = True) -> argparse.ArgumentParser:
+    """A subcommand whose first argument is LOG; `url`: may LOG be a daemon URL?
+    `store`: may it be a log in an object store (s3://)?"""
     parser = subparsers.add_parser(name, help=summary, description=summary, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", metavar="LOG", help=LOG_HELP_ANY if url else LOG_HELP_LOCAL)
+    text = {(True, True): LOG_HELP_ANY, (True, False): LOG_HELP_WRITE,
+            (False, True): LOG_HELP_FILES, (False, False): LOG_HELP_LOCAL}[(url, store)]
+    parser.add_argument("log", metavar="LOG", help=text)
     return parser
 
 
 # -- checking and opening a log --------------------------------------------------------
 
 def is_url(log: str) -> bool:
+    """Is LOG a daemon URL?"""
     return log.startswith(DAEMON_SCHEMES)
 
 
-def local_path(log: str, command: str) -> str:
-    """LOG of a command that reads the files itself: a URL is a usage error."""
+def is_store_url(log: str) -> bool:
+    """Is LOG a log in an object store (s3://BUCKET/PREFIX)?"""
+    return log.startswith(STORE_SCHEMES)
+
+
+def files_path(log: str, command: str) -> str:
+    """LOG of a command that reads the files itself (a directory, or the objects of a
+    log in a store): a daemon URL is a usage error."""
     if is_url(log):
         raise UsageError(f"{command} reads the segment files directly, so it needs a local "
                          f"log directory, not a daemon URL: run it on the daemon's machine")
     return log
+
+
+def local_path(log: str, command: str) -> str:
+    """LOG of a command that changes the files: a URL of either kind is a usage error."""
+    refuse_store(log, command)
+    return files_path(log, command)
+
+
+def refuse_store(log: str, command: str) -> None:
+    """UsageError when LOG is a log in an object store: `command` writes, and such a
+    log is only read from here (its writer is the local log tiered to it)."""
+    if is_store_url(log):
+        raise UsageError(f"{command} writes to the log, and {log} is a log in an object "
+                         f"store, which is read-only here: run {command} on the local log "
+                         f"directory tiered to it")
 
 
 def refuse_non_directory(path: str) -> None:
@@ -278,8 +318,9 @@ def foreign_directory(path: str) -> bool:
 
 
 def existing_log(log: str) -> str:
-    """LOG of a command that needs the log to be there (a URL passes as it is)."""
-    if is_url(log):
+    """LOG of a command that needs the log to be there (a URL passes as it is: opening
+    it says whether there is a log)."""
+    if is_url(log) or is_store_url(log):
         return log
     refuse_non_directory(log)
     if not os.path.isdir(log):
@@ -290,7 +331,9 @@ def existing_log(log: str) -> str:
 
 
 def writable_log(log: str) -> str:
-    """LOG of `append`: a log, a missing directory (created), or an empty one."""
+    """LOG of `append`: a log, a missing directory (created), or an empty one; a
+    daemon URL; never a log in an object store."""
+    refuse_store(log, "append")
     if not is_url(log):
         refuse_non_directory(log)
         if foreign_directory(log):
@@ -301,10 +344,6 @@ def writable_log(log: str) -> str:
 
 def has_marker(path: str) -> bool:
     return os.path.exists(os.path.join(path, "streamlog.json"))
-
-
-def open_readonly(path: str):
-    return open_log(path, readonly=True, create=False)
 
 
 # -- progress --------------------------------------------------------------------------
@@ -345,12 +384,26 @@ def progress_bar(label: str, total: int | None = None, *, unit: str = "records",
                 mininterval=0 if forced else PROGRESS_EVERY_S, **fixed)
 
 
-def segment_bytes(directory: str) -> int:
-    """The bytes of a partition directory's segment files (a progress bar's total)."""
-    if not os.path.isdir(directory):
+def segment_bytes(directory: str, fileio=None) -> int:
+    """The bytes of a partition directory's segment files (a progress bar's total),
+    through `fileio` when given (a log in a store: the sizes its manifest gives)."""
+    if fileio is None:
+        if not os.path.isdir(directory):
+            return 0
+        return sum(os.path.getsize(os.path.join(directory, name))
+                   for name in os.listdir(directory)
+                   if layout.parse_segment_name(name) is not None)
+    if not fileio.exists(directory):
         return 0
-    return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
-               if layout.parse_segment_name(name) is not None)
+    total = 0
+    for name in fileio.listdir(directory):
+        if layout.parse_segment_name(name) is not None:
+            handle = fileio.open(os.path.join(directory, name), writable=False)
+            try:
+                total += fileio.size(handle)
+            finally:
+                fileio.close(handle)
+    return total
 
 
 def plural(count: int, noun: str) -> str:

@@ -1,5 +1,8 @@
 """`streamlog dump`: every frame and bad spot of the segment files, and each partition's
 verdict (check.py), without the index.
+
+A log in an object store is dumped through its read-only view's file layer, held at
+one manifest generation (store.log_files); a segment is named by its object's URL.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ import sys
 from ..check import (BadSpot, check_partition, open_segments, partition_dirs, payload_problem,
                      segment_events)
 from ..payload import columns_to_records, decode_columns
-from .common import (EXIT_OK, UsageError, advance_to, existing_log, json_line, local_path,
-                     nonnegative_int, progress_bar, put_bytes, put_headers, segment_bytes,
-                     stream_arg, subparser)
+from .common import (EXIT_OK, UsageError, advance_to, json_line, nonnegative_int,
+                     progress_bar, put_bytes, put_headers, segment_bytes, stream_arg,
+                     subparser)
+from .store import log_files
 
 _DUMP_EPILOG = """\
 Reads every segment file directly, without the index, and prints each batch frame:
@@ -25,11 +29,15 @@ After each partition, one line gives its verdict (as `verify` judges it).
 Works on a log whose writer was killed; never modifies a file. LOG is a local
 directory: dump reads the segment files directly, so on a daemon's log run it on the
 daemon's machine. When stdout is not a terminal, stderr shows the progress there.
+LOG may be a log in an object store, s3://BUCKET/PREFIX (endpoint and credentials from
+the AWS_* variables): the segment objects its newest manifest generation names, each
+named by its URL.
 
 examples:
   streamlog dump data/log
   streamlog dump data/log --stream events --partition 0 --records
   streamlog dump data/log --json | jq 'select(.checksum_ok == false)'
+  streamlog dump s3://my-bucket/logs/orders --stream events --partition 0
 """
 
 
@@ -48,18 +56,22 @@ _CODECS = {0: "none", 1: "zstd"}
 
 
 def run(args) -> int:
-    path = existing_log(local_path(args.log, "dump"))
+    with log_files(args.log, "dump") as files:
+        return _dump(args, files)
+
+
+def _dump(args, files) -> int:
     out = sys.stdout.buffer
-    plan = list(partition_dirs(path, args.stream, args.partition))
+    plan = list(partition_dirs(files.path, args.stream, args.partition, fileio=files.fileio))
     if args.partition is not None and not plan:
         raise UsageError(f"no partition {args.partition} in "
                          f"{'stream ' + repr(args.stream) if args.stream else 'any stream'}")
-    total = sum(segment_bytes(directory) for _, _, directory in plan)
+    total = sum(segment_bytes(directory, files.fileio) for _, _, directory in plan)
     with progress_bar("dump", total, in_bytes=True, writes_stdout=True) as bar:
         for stream, number, directory in plan:
-            segments = open_segments(directory)
+            segments = open_segments(directory, files.fileio)
             try:
-                _dump_partition(out, args, stream, number, directory, segments, bar)
+                _dump_partition(out, args, files, (stream, number, directory), segments, bar)
             finally:
                 for segment in segments:
                     segment.close()
@@ -67,25 +79,27 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def _dump_partition(out, args, stream: str, number: int, directory: str, segments,
-                    bar) -> None:
+def _dump_partition(out, args, files, where: tuple, segments, bar) -> None:
+    stream, number, directory = where
     for segment in segments:
+        name = files.name_of(segment.path)
         if not args.json:
-            out.write(f"segment {segment.path} stream {stream} partition {number} "
+            out.write(f"segment {name} stream {stream} partition {number} "
                       f"base_offset {segment.base_offset} bytes "
                       f"{segment.size_bytes}\n".encode())
         done = bar.n
         for event in segment_events(segment):
-            item = _dump_item(segment.path, stream, number, event, args.records)
+            item = _dump_item(name, stream, number, event, args.records)
             out.write(json_line(item) if args.json else _dump_text(item))
             advance_to(bar, done + event.position)
         advance_to(bar, done + segment.size_bytes)
-    result = check_partition(stream, number, directory, check_payloads=False)
+    result = check_partition(stream, number, directory, fileio=files.fileio,
+                             index_storage=files.index_storage, check_payloads=False)
     verdict = {"stream": stream, "partition": number, "verdict": result.verdict.value,
                "index": result.index.value}
     if result.finding is not None:
-        verdict.update(segment=result.finding.path, position=result.finding.position,
-                       reason=result.finding.reason)
+        verdict.update(segment=files.name_of(result.finding.path),
+                       position=result.finding.position, reason=result.finding.reason)
     out.write(json_line({"kind": "verdict", **verdict}) if args.json else
               ("verdict " + " ".join(_text_pair(k, v) for k, v in verdict.items())
                + "\n").encode())

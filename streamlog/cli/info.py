@@ -1,7 +1,10 @@
 """`streamlog info`: streams and partitions, their tail verdict and last verification.
 
 Strategy: a read-only open (its recovery report is the TAIL verdict, the same table as
-every other tool) and each partition's scrub.json (VERIFIED), as a table or JSON.
+every other tool) and each partition's scrub.json (VERIFIED), as a table or JSON. A log
+tiered to an object store (through its daemon) or read from the store (an s3:// LOG)
+also has its manifest generation and, per partition, what the store holds and what it
+lacks yet (Log.info's "remote" fields), as columns of their own.
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import (EXIT_OK, existing_log, format_timestamp, open_readonly,
-                     subparser)
+from .common import EXIT_OK, existing_log, format_timestamp, subparser
+from .store import open_readonly
 
 _INFO_EPILOG = """\
 Shows, per stream and partition: start and end offsets (the end is the next offset to be
@@ -25,12 +28,22 @@ as ISO-8601 and microseconds), segments, bytes, and two verdicts:
 Below the table: the durable holds (Log.hold; an operator's runtime holds the input it
 would need to recover), each keeping its offset and what follows from retention.
 The log is opened read-only and no file is modified. LOG may be a daemon URL: the
-daemon describes its log.
+daemon describes its log. LOG may be a log in an object store, s3://BUCKET/PREFIX
+(endpoint and credentials from the AWS_* variables): what the store's newest manifest
+generation holds, read from this machine.
+For a log tiered to a store (a daemon's, or one read from the store) the table also has:
+  REMOTE END  the offset the store holds the partition up to (exclusive)
+  LAG         records the store lacks yet (0 for a log read from the store)
+  LAG BYTES   bytes of the local segments the store lacks yet
+  GEN         the manifest generation these come from
+and --json the same fields: remote_committed_offset, remote_lag_records,
+remote_lag_bytes, and a "remote" object (url, generation, epoch, writer, error).
 
 examples:
   streamlog info data/log
   streamlog info data/log --json | jq '.streams.events.partitions[0].end_offset'
   STREAMLOG_TOKEN=secret streamlog info streamlog://127.0.0.1:7541
+  streamlog info s3://my-bucket/logs/orders
 """
 
 
@@ -73,8 +86,11 @@ def _info_row(stream: str, part: dict) -> dict:
             "tail": recovery["tail"], "corruption": recovery["corruption"],
             "index_problem": recovery.get("index_problem"), "verified": verified,
             "holds": part.get("holds") or {},
-            **({"remote_committed_offset": part["remote_committed_offset"]}
-               if "remote_committed_offset" in part else {})}
+            **{name: part[name] for name in _REMOTE_FIELDS if name in part}}
+
+
+# Per partition, for a log tiered to a store (Log.info).
+_REMOTE_FIELDS = ("remote_committed_offset", "remote_lag_records", "remote_lag_bytes")
 
 
 def _verified_cell(verified: dict | None) -> str:
@@ -89,30 +105,38 @@ _INFO_COLUMNS = (("STREAM", "stream"), ("PART", "partition"), ("START", "start_o
                  ("TAIL", "tail"), ("VERIFIED", "verified_cell"), ("MIN TIME", "min_time"),
                  ("MIN US", "min_timestamp_us"), ("MAX TIME", "max_time"),
                  ("MAX US", "max_timestamp_us"))
+# After END, for a log tiered to a store.
+_REMOTE_COLUMNS = (("REMOTE END", "remote_committed_offset"), ("LAG", "remote_lag_records"),
+                   ("LAG BYTES", "remote_lag_bytes"), ("GEN", "generation"))
 
 
 def _info_table(path: str, rows: list[dict], remote: dict | None = None) -> str:
     streams = len({row["stream"] for row in rows})
     head = f"log {path}: {streams} stream{'s' if streams != 1 else ''}\n"
+    if remote is not None:  # a log tiered to a store, or read from it
+        head += (f"store {remote.get('url')}: manifest generation "
+                 f"{remote.get('generation')}, epoch {remote.get('epoch')}, writer "
+                 f"{remote.get('writer')}"
+                 + (f", error: {remote['error']}" if remote.get("error") else "") + "\n")
     if not rows:
         return head
+    columns = _INFO_COLUMNS
+    if remote is not None:
+        columns = columns[:4] + _REMOTE_COLUMNS + columns[4:]
     for row in rows:
         row["verified_cell"] = _verified_cell(row["verified"])
-    cells = [[title for title, _ in _INFO_COLUMNS]]
-    cells += [["-" if row[name] is None else str(row[name]) for _, name in _INFO_COLUMNS]
+        if remote is not None:
+            row["generation"] = remote.get("generation")
+            for name in _REMOTE_FIELDS:
+                row.setdefault(name, None)
+    cells = [[title for title, _ in columns]]
+    cells += [["-" if row[name] is None else str(row[name]) for _, name in columns]
               for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_INFO_COLUMNS))]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
              for line in cells]
     notes = [f"{row['stream']}/{row['partition']}: {row['corruption']}"
              for row in rows if row["corruption"]]
-    if remote is not None:  # a log tiered to a store (seen through its daemon)
-        notes.append(f"tiered to {remote.get('url')}: manifest generation "
-                     f"{remote.get('generation')}, epoch {remote.get('epoch')}"
-                     + (f", error: {remote['error']}" if remote.get("error") else ""))
-        notes += [f"{row['stream']}/{row['partition']}: in the store up to offset "
-                  f"{row['remote_committed_offset']} (exclusive)"
-                  for row in rows if "remote_committed_offset" in row]
     notes += [f"{row['stream']}/{row['partition']}: index rebuilt in memory: "
               f"{row['index_problem']}" for row in rows if row["index_problem"]]
     for row in rows:

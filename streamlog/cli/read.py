@@ -7,7 +7,10 @@ chunks. Every record before a damaged frame is written and flushed before the er
 view every FOLLOW_INTERVAL_S to take in what the writer (another process) appended; on
 a daemon URL it opens one following reader per partition and writes what the daemon
 pushes as it is acknowledged (no polling). A missing log or stream is waited for when
-following (checked every WAIT_INTERVAL_S), an error otherwise.
+following (checked every WAIT_INTERVAL_S), an error otherwise. A log in an object store
+(s3://BUCKET/PREFIX) is read through its read-only view, as a local log is; `--follow`
+there refreshes the view (a look at the next manifest generation) every
+`remote_poll_ms`, and waits for a log not in the store yet as often.
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ import time
 
 from ..errors import CorruptionError, UnknownStream
 from .common import (EXIT_OK, UsageError, existing_log, foreign_directory, has_marker,
-                     is_url, json_line, nonnegative_int, open_readonly, positive_int,
+                     is_store_url, is_url, json_line, nonnegative_int, positive_int,
                      progress_bar, put_bytes, put_headers, refuse_non_directory,
                      stream_arg, subparser, timestamp_arg)
+from .store import open_readonly
 
 # read --follow (local log): how often the view is refreshed to see another process's
 # appends; a missing log or stream is looked for this often too.
 FOLLOW_INTERVAL_S = 0.2
 WAIT_INTERVAL_S = 0.25
+# read --follow of a log in a store that is not there yet: looked for this often (a
+# listing of the store's manifests each time).
+STORE_WAIT_INTERVAL_S = 1.0
 # read: lines written to stdout at once; a remote follower lets other partitions' records
 # (and the flush) through every this many records.
 WRITE_CHUNK_LINES = 1024
@@ -59,12 +66,19 @@ refreshing the read-only view every 200 ms; a frame is shown once it is whole in
 segment file. On a daemon URL, the daemon pushes each record as it is acknowledged.
 --max-messages N stops after N records (exit 0).
 
+LOG may be a log in an object store, s3://BUCKET/PREFIX, read from any machine with no
+local files (endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION): the records its newest manifest generation holds
+(the sealed segments the writer has uploaded), with the same bounds and output as a
+local log. --follow looks for a newer generation every second.
+
 examples:
   streamlog read data/log --stream events --partition 0 --from-offset 100 --to-offset 200
   streamlog read data/log --stream events --from-timestamp 2024-05-01T00:00:00
   streamlog read data/log --stream events --follow | jq .value
   streamlog read data/log --stream events --from-end --follow --max-messages 10
   STREAMLOG_TOKEN=secret streamlog read streamlog://127.0.0.1:7541 --stream events --follow
+  streamlog read s3://my-bucket/logs/orders --stream events --from-timestamp 2024-05-01
 """
 
 
@@ -135,15 +149,15 @@ class _Read:
 
 
 def run(args) -> int:
-    path = _log_when_there(args)
-    log = open_readonly(path)
+    log = _open_when_there(args)
     try:
         read = _Read(args, left=args.max_messages)
         cursors = [_Cursor(p) for p in _partitions_when_there(log, read)]
-        if args.follow and is_url(path):
+        if args.follow and is_url(args.log):
             _follow_remote(log, read, cursors)
             return EXIT_OK
         out = sys.stdout.buffer
+        interval_s = _follow_interval_s(args.log, log)
         first = True
         while True:
             _read_pass(log, read, cursors, out, show_progress=first)
@@ -151,10 +165,34 @@ def run(args) -> int:
             first = False
             if not args.follow or read.satisfied or all(c.finished for c in cursors):
                 return EXIT_OK
-            time.sleep(FOLLOW_INTERVAL_S)
+            time.sleep(interval_s)
             log.refresh()  # take in what the writer added (no reopen)
     finally:
         log.close()
+
+
+def _follow_interval_s(path: str, log) -> float:
+    """How often --follow refreshes: a log in a store by its manifest poll interval
+    (each refresh is a request), a local one every FOLLOW_INTERVAL_S."""
+    if is_store_url(path):
+        return max(FOLLOW_INTERVAL_S, log.config.remote_poll_ms / 1000)
+    return FOLLOW_INTERVAL_S
+
+
+def _open_when_there(args):
+    """The read-only Log of LOG; with --follow, a log that does not exist yet (in its
+    directory, or in the store) is waited for."""
+    if not is_store_url(args.log):
+        return open_readonly(_log_when_there(args))
+    said = False
+    while True:
+        try:
+            return open_readonly(args.log)
+        except UsageError:  # no log in the store there (yet)
+            if not args.follow:
+                raise
+        said = said or _waiting(f"the log {args.log}")
+        time.sleep(STORE_WAIT_INTERVAL_S)
 
 
 def _log_when_there(args) -> str:

@@ -31,7 +31,9 @@ offsets_removed is [first, last] of the whole records cut, or null when only gar
 was cut; quarantine is the folder that holds the cut bytes (absent with --dry-run).
 An index that disagrees with sound segments is dropped too, with a note on stderr.
 Takes the log's writer lock: no other process may have the log open for writing (stop
-the writers, or `streamlog serve`, first). LOG is a local directory.
+the writers, or `streamlog serve`, first). LOG is a local directory, not a daemon URL
+and not a log in an object store (s3://...: `streamlog verify` checks one; it is
+read-only here).
 Exit 0 when the log is sound afterwards, 1 when it is not; with --dry-run it prints
 what it would cut and changes nothing (exit 0 when nothing needs cutting, else 1).
 
@@ -43,7 +45,7 @@ examples:
 
 def add(subparsers) -> None:
     parser = subparser(subparsers, "repair", "cut damaged partitions at their first bad frame",
-                       _REPAIR_EPILOG, url=False)
+                       _REPAIR_EPILOG, url=False, store=False)
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be cut; change nothing")
     parser.set_defaults(run=run)

@@ -2,6 +2,10 @@
 
 Strategy: `check_all` walks each partition with check_partition (sealed segments by their
 whole-file checksum), showing progress; the findings go to stderr, a summary to stdout.
+A log in an object store is checked the same way through its read-only view's file
+layer and index (store.log_files): every frame of every segment object the newest
+manifest generation names, against the index objects' claim that all of it is
+committed; findings name the object's URL.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import sys
 
 from ..check import check_partition, partition_dirs, record_verification
 from ..fileio import OsFileIO
-from .common import (EXIT_DATA, EXIT_OK, advance_to, existing_log, local_path, plural,
+from .common import (EXIT_DATA, EXIT_OK, UsageError, advance_to, is_store_url, plural,
                      progress_bar, segment_bytes, subparser)
+from .store import LogFiles, log_files
 
 _VERIFY_EPILOG = """\
 Checks every byte of every partition: each frame's checksums, that each frame continues
@@ -29,12 +34,19 @@ Never modifies a file, unless --record asks it to keep its result for `streamlog
 stdout at the end; on a terminal, stderr shows the progress (bytes checked).
 LOG is a local directory: verify reads the segment files directly, so on a daemon's
 log run it on the daemon's machine (the daemon's scrubber checks sealed segments too).
+LOG may be a log in an object store, s3://BUCKET/PREFIX (endpoint and credentials from
+the AWS_* variables): every frame of every segment object its newest manifest
+generation names is checked, with the same verdicts (all of it is committed, so damage
+anywhere, the last frame included, is exit 1), and a finding names the object's URL
+and the position in it; damaged index objects are a warning. --record does not apply
+there (the store is read-only here).
 
 examples:
   streamlog verify data/log
   streamlog verify data/log --strict && echo clean
   streamlog verify data/log --record && streamlog info data/log
   streamlog verify data/log --json | jq '.findings'
+  streamlog verify s3://my-bucket/logs/orders
 """
 
 
@@ -50,13 +62,16 @@ def add(subparsers) -> None:
 
 
 def run(args) -> int:
-    path = existing_log(local_path(args.log, "verify"))
-    results = check_all(path, "verify")
+    if args.record and is_store_url(args.log):
+        raise UsageError(f"--record keeps the result beside the segment files, and "
+                         f"{args.log} is a log in an object store, which is read-only here")
+    with log_files(args.log, "verify") as files:
+        results = check_all(files, "verify")
     fileio = OsFileIO()
     for result in results:
         if args.record:
             record_verification(fileio, result)
-        print_problems(result)
+        print_problems(result, in_store=files.view is not None)
     damaged = sum(r.damaged for r in results)
     torn = sum(r.verdict.is_tail_garbage for r in results)
     verdict = "corrupt" if damaged else "torn tail" if torn else "ok"
@@ -82,9 +97,13 @@ def run(args) -> int:
     return EXIT_DATA if damaged or (torn and args.strict) else EXIT_OK
 
 
-def print_problems(result) -> None:
+def print_problems(result, *, in_store: bool = False) -> None:
     name = f"{result.stream}/{result.partition}"
-    if result.index_problem:
+    if result.index_problem and in_store:
+        sys.stderr.write(f"streamlog: warning: the index objects of {name} are damaged "
+                         f"(readers rebuild its index from the segment objects): "
+                         f"{result.index_problem}\n")
+    elif result.index_problem:
         sys.stderr.write(f"streamlog: warning: index of {name} will be rebuilt by the next "
                          f"open: {result.index_problem}\n")
     for note in result.notes:
@@ -93,15 +112,24 @@ def print_problems(result) -> None:
         sys.stderr.write(f"streamlog: {finding.message()}\n")
 
 
-def check_all(path: str, label: str):
-    """check_partition for every partition of the log at `path`, with a progress bar."""
-    plan = list(partition_dirs(path))
+def check_all(files: LogFiles | str, label: str):
+    """check_partition for every partition of the log at `files` (a local directory's
+    path, or store.LogFiles), with a progress bar. Findings name a segment by
+    LogFiles.name_of (a segment object's URL, for a log in a store)."""
+    if isinstance(files, str):
+        files = LogFiles(files)
+    plan = list(partition_dirs(files.path, fileio=files.fileio))
+    total = sum(segment_bytes(d, files.fileio) for _, _, d in plan)
     results, done = [], 0
-    with progress_bar(label, sum(segment_bytes(d) for _, _, d in plan), in_bytes=True) as bar:
+    with progress_bar(label, total, in_bytes=True) as bar:
         for stream, number, directory in plan:
-            result = check_partition(stream, number, directory,
+            result = check_partition(stream, number, directory, fileio=files.fileio,
+                                     index_storage=files.index_storage,
                                      progress=lambda n, base=done: advance_to(bar, base + n))
             done += result.bytes_walked + result.bytes_sealed
             advance_to(bar, done)
+            for finding in ([result.finding] if result.finding else []) + (
+                    result.payload_findings):
+                finding.path = files.name_of(finding.path)
             results.append(result)
     return results
