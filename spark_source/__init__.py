@@ -14,7 +14,10 @@ driver plans (read-only opens of the log); executors read offset ranges read-onl
 stage rows they are asked to write; only the driver-side commit opens the log for
 writing (one writing process per log, an flock). With a daemon's URL as the path
 (streamlog://HOST:PORT, token from STREAMLOG_TOKEN) every open is a client of the
-daemon instead, and executors append through it (spark_sink/_remote.py). Options are
+daemon instead, and executors append through it (spark_sink/_remote.py). With a log
+in an object store as the path (s3://BUCKET/PREFIX, read only) the driver and the
+executors' Python workers read the store themselves, the S3 client configured by the
+storage.* options or the AWS_* variables (spark_source/_store.py). Options are
 named as those of Spark's Kafka source (spark_source/_options.py,
 spark_sink/_options.py).
 """

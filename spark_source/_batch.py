@@ -3,7 +3,9 @@
 Strategy: `partitions()` runs on the driver, resolves startingOffsets/endingOffsets (or
 their timestamp forms) per partition against a read-only open of the log, and cuts the
 ranges into OffsetRanges (one per log partition, more for a large one, so a large
-replay uses every core). `read()` runs in executors (see _read.py).
+replay uses every core; for a log in an object store, one per segment object at least,
+all planned from one manifest generation: _store.py). `read()` runs in executors (see
+_read.py).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from pyspark.sql.datasource import DataSourceReader
 from streamlog import InvalidArgument
 
 from ._options import OFFSET, SourceOptions
-from ._plan import (OffsetRange, check_bound_covers, open_readonly, resolve_end,
+from ._plan import (OffsetRange, check_bound_covers, cut_at, open_readonly, resolve_end,
                     resolve_start, selected_keys, split_ranges)
 from ._read import read_range
 from ._schema import target_arrow_schema
 from ._ship import ShipsToExecutors
+from ._store import SegmentLayout, segment_layout
 
 
 class BatchReader(ShipsToExecutors, DataSourceReader):
@@ -27,7 +30,7 @@ class BatchReader(ShipsToExecutors, DataSourceReader):
 
     def partitions(self) -> list[OffsetRange]:
         options = self.options
-        log = open_readonly(options.path)
+        log = open_readonly(options.path, options.storage_options)
         try:
             keys = selected_keys(log, options)
             check_bound_covers(options.starting, keys)
@@ -42,9 +45,10 @@ class BatchReader(ShipsToExecutors, DataSourceReader):
                     raise InvalidArgument(f"{key[0]}/{key[1]}: endingOffsets {end} is before "
                                           f"startingOffsets {start}")
                 ranges.append((key, start, max(start, end)))
+            layout = segment_layout(log, keys)
         finally:
             log.close()
-        return make_splits(options, ranges)
+        return make_splits(options, ranges, layout)
 
     def read(self, partition: OffsetRange):
         # With no range planned (nothing to read), Spark still runs one task, with its
@@ -54,11 +58,18 @@ class BatchReader(ShipsToExecutors, DataSourceReader):
         return read_range(partition, self.target)
 
 
-def make_splits(options: SourceOptions, ranges) -> list[OffsetRange]:
+def make_splits(options: SourceOptions, ranges,
+                layout: SegmentLayout | None = None) -> list[OffsetRange]:
+    """OffsetRanges for (key, start, end) `ranges`: cut where the segment objects of
+    `layout` begin (a log in a store), then as split_ranges says."""
     import os
+    if layout is not None:
+        ranges = cut_at(ranges, layout.bases)
     pieces = split_ranges(ranges, min_partitions=options.min_partitions,
                           max_records=options.max_records_per_partition,
                           cores=os.cpu_count() or 1)
+    generation = layout.generation if layout is not None else 0
     return [OffsetRange(options.path, stream, number, start, end, options.include_headers,
-                        options.fail_on_data_loss, options.read_committed)
+                        options.fail_on_data_loss, options.read_committed,
+                        options.storage_options, generation)
             for (stream, number), start, end in pieces]

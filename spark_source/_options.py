@@ -5,10 +5,17 @@ Strategy: Spark hands a data source its options as a case-insensitive dict of st
 `InvalidArgument` with a sentence that names the option, the value and what would be
 accepted. The names and meanings follow Spark's Kafka source, so users know them:
 
-    path                          the log directory, or a daemon's URL
+    path                          the log directory, a daemon's URL
                                   streamlog://HOST:PORT (token from STREAMLOG_TOKEN, in
-                                  the driver's and every executor's environment)
-                                  (required)
+                                  the driver's and every executor's environment), or a
+                                  log in an object store, s3://BUCKET/PREFIX (read
+                                  only; see spark_source/_store.py) (required)
+    storage.<name>                an option of the S3 client for an s3:// path:
+                                  storage.endpoint, storage.access_key_id,
+                                  storage.secret_access_key, storage.region,
+                                  storage.allow_http, storage.timeout, ... (obstore's
+                                  names); without them the AWS_* variables of the
+                                  driver's and the executors' Python are used
     stream                        one stream, or several separated by commas; exactly one
                                   of stream, subscribe, subscribePattern, assign is needed
     subscribe                     the same as stream (Kafka's name)
@@ -59,6 +66,9 @@ import json
 import re
 
 from streamlog import InvalidArgument
+
+from ._store import (HADOOP_S3_PREFIXES, STORAGE_PREFIX, check_store_url, is_store_url,
+                     storage_options)
 
 # Position kinds: where one side of a partition's range lies.
 EARLIEST = "earliest"
@@ -140,6 +150,10 @@ class SourceOptions:
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_TRIGGER_DELAY_MS
     read_committed: bool = True
+    # storage.<name> options, for an s3:// path: (name, value) pairs, sorted. Secrets
+    # may be among them: never shown (repr) nor put in a message.
+    storage_options: tuple[tuple[str, str], ...] = dataclasses.field(default=(),
+                                                                     repr=False)
 
 
 def parse_source_options(options, *, streaming: bool | None,
@@ -157,7 +171,7 @@ def parse_source_options(options, *, streaming: bool | None,
     """
     given = _lowered(options)
     check_unknown(given, SOURCE_OPTIONS + _SINK_NAMES)
-    path = parse_path(given) if required or "path" in given else None
+    path = parse_path(given, store=True) if required or "path" in given else None
     streams, pattern, assigned = parse_selection(given, required=required)
     if streaming:
         for name in _ENDING_OPTIONS:
@@ -192,7 +206,8 @@ def parse_source_options(options, *, streaming: bool | None,
         fail_on_data_loss=fail_on_data_loss, include_headers=include_headers,
         min_partitions=min_partitions, max_records_per_partition=max_records_per_partition,
         pattern=pattern, assigned=assigned, min_offsets_per_trigger=least,
-        max_trigger_delay_ms=delay_ms, read_committed=read_committed)
+        max_trigger_delay_ms=delay_ms, read_committed=read_committed,
+        storage_options=storage_options(given))
 
 
 # Names the sink takes: accepted here too, since one DataSource serves both sides.
@@ -219,14 +234,23 @@ def check_unknown(given: dict[str, str], known: tuple[str, ...]) -> None:
     for key in given:
         if key in lowered or key.startswith(_CATALOG_PREFIX):
             continue
+        if key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+            continue  # an S3 client option: checked by the client when the log opens
+        if key.startswith(HADOOP_S3_PREFIXES):
+            raise InvalidArgument(f"option {key!r} is a setting of Hadoop's S3 file system, "
+                                  f"which format('streamlog') does not use: it reads "
+                                  f"s3://BUCKET/PREFIX itself; give the S3 client's options "
+                                  f"as storage.endpoint, storage.access_key_id, ... or in "
+                                  f"the AWS_* variables")
         if key.startswith("kafka.") or key in {name.lower() for name in _KAFKA_ONLY}:
             raise InvalidArgument(f"option {key!r} is a setting of Kafka's source or client, "
                                   f"which format('streamlog') does not use: it reads the log "
-                                  f"at option 'path' (a directory or streamlog://HOST:PORT)")
+                                  f"at option 'path' (a directory, streamlog://HOST:PORT or "
+                                  f"s3://BUCKET/PREFIX)")
         close = near_miss(key, list(lowered))
         if close is not None:
             raise InvalidArgument(f"unknown option {key!r}; did you mean {lowered[close]!r}?")
-        names = ", ".join(sorted(set(known), key=str.lower))
+        names = ", ".join(sorted({*known, STORAGE_PREFIX + "<name>"}, key=str.lower))
         raise InvalidArgument(f"unknown option {key!r} for format('streamlog'); its options "
                               f"are: {names}")
 
@@ -259,11 +283,32 @@ def _edit_distance(a: str, b: str, bound: int) -> int:
     return previous[-1]
 
 
-def parse_path(given: dict[str, str]) -> str:
+def parse_path(given: dict[str, str], *, store: bool = False) -> str:
+    """The log option 'path' names: a directory, a daemon's URL, or (`store`: the
+    reader's side) a log in an object store.
+
+    Raises:
+        InvalidArgument for a missing path, a malformed URL, a URL of a scheme streamlog
+        does not read, an s3:// path where `store` is False (a writer's), and storage.*
+        options beside a path that is not s3://.
+    """
     path = given.get("path", "").strip()
     if not path:
         raise InvalidArgument("option 'path' is required: the streamlog log directory "
                               "(.option('path', DIR) or .load(DIR) / .save(DIR))")
+    storage = sorted(key for key in given if key.startswith(STORAGE_PREFIX))
+    if storage and not is_store_url(path):
+        raise InvalidArgument(f"option {storage[0]!r}: options storage.* configure the "
+                              f"object store client, for a path s3://BUCKET/PREFIX; option "
+                              f"'path' is {path!r}")
+    if is_store_url(path):
+        if not store:
+            raise InvalidArgument(f"option 'path' {path!r} is a log in an object store, "
+                                  f"which format('streamlog') reads but does not write: "
+                                  f"write to the log directory tiered to it (or its "
+                                  f"daemon's URL)")
+        check_store_url(path)
+        return path
     if is_url(path):
         from streamlog.wire.client import parse_url
         parse_url(path)  # InvalidArgument naming the URL when malformed
@@ -272,10 +317,16 @@ def parse_path(given: dict[str, str]) -> str:
         path = path[len("file://"):]
     elif path.startswith("file:/"):  # a catalog table's location: file:/abs/path
         path = path[len("file:"):]
+    elif _SCHEME.match(path):
+        raise InvalidArgument(f"option 'path' {path!r}: format('streamlog') reads a log "
+                              f"directory, a daemon's URL streamlog://HOST:PORT or a log in "
+                              f"an object store s3://BUCKET/PREFIX (Hadoop's file systems, "
+                              f"s3a:// and others, are not used)")
     return path
 
 
 DAEMON_SCHEMES = ("streamlog://", "streamlog+tls://")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def is_url(path: str) -> bool:

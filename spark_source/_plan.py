@@ -31,6 +31,7 @@ from streamlog import InvalidArgument, OffsetOutOfRange
 from ._options import (EARLIEST, LATEST, OFFSET, TIMESTAMP, Bound, Position, SourceOptions,
                        is_url)
 from ._ship import ShipsToExecutors
+from ._store import is_store_url, open_store
 
 log = logging.getLogger("streamlog.spark")
 
@@ -41,7 +42,9 @@ SPLIT_OFFSETS_MIN = 65536
 
 @dataclasses.dataclass
 class OffsetRange(ShipsToExecutors, InputPartition):
-    """Offsets [start, end) of one log partition, read by one Spark task."""
+    """Offsets [start, end) of one log partition, read by one Spark task. For a log in
+    an object store, also the S3 client's options (storage.*, which may hold secrets:
+    not in the repr) and the manifest generation the range was planned from."""
 
     path: str
     stream: str
@@ -51,6 +54,9 @@ class OffsetRange(ShipsToExecutors, InputPartition):
     include_headers: bool
     fail_on_data_loss: bool
     read_committed: bool = True
+    storage_options: tuple[tuple[str, str], ...] = dataclasses.field(default=(),
+                                                                     repr=False)
+    generation: int = 0
 
     def __post_init__(self) -> None:
         assert 0 <= self.start <= self.end
@@ -60,10 +66,13 @@ class OffsetRange(ShipsToExecutors, InputPartition):
 PartitionKey = tuple[str, int]  # (stream, partition number)
 
 
-def open_readonly(path: str):
-    """The log at `path` (a directory, or a daemon's URL), opened read-only; a clear
-    error when there is none."""
+def open_readonly(path: str, storage_options: tuple[tuple[str, str], ...] = ()):
+    """The log at `path` (a directory, a daemon's URL, or a log in an object store with
+    the S3 client's `storage_options`), opened read-only; a clear error when there is
+    none. A store's view stays at the generation it shows until refresh() (_store.py)."""
     import streamlog
+    if is_store_url(path):
+        return open_store(path, storage_options)
     if is_url(path):
         return streamlog.open_log(path, readonly=True)
     if not os.path.isdir(path):
@@ -186,6 +195,20 @@ def data_loss(message: str, fail: bool) -> bool:
 
 
 # -- pure rules -----------------------------------------------------------------------
+
+def cut_at(ranges: list[tuple[PartitionKey, int, int]],
+           bases: dict[PartitionKey, tuple[int, ...]]) -> list[tuple[PartitionKey, int, int]]:
+    """Cut (key, start, end) ranges at the offsets `bases` gives for their key (where a
+    store's segment objects begin), so that no piece crosses one. The pieces cover each
+    range exactly, in order; an empty range stays one empty piece."""
+    out = []
+    for key, start, end in ranges:
+        inner = sorted(b for b in set(bases.get(key, ())) if start < b < end)
+        points = [start, *inner, end]
+        out += [(key, a, b) for a, b in zip(points, points[1:])]
+    assert len(out) >= len(ranges)
+    return out
+
 
 def split_ranges(ranges: list[tuple[PartitionKey, int, int]], *, min_partitions: int | None,
                  max_records: int | None, cores: int) -> list[tuple[PartitionKey, int, int]]:

@@ -1,17 +1,21 @@
 """Executor side: one OffsetRange -> Arrow record batches.
 
 Strategy: open the log read-only (no lock; a writer in another process may be
-appending), check that the planned range is still in the log (retention may have
+appending; a log in an object store: this worker's view of it, refreshed, _store.py),
+check that the planned range is still in the log (retention may have
 removed its start, a truncation its end, since the driver planned it), and stream
 `Reader.arrow()` batches through `to_spark_batch`. No Python work per record.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow as pa
 
 from ._plan import OffsetRange, data_loss, open_readonly
 from ._schema import to_spark_batch
+from ._store import executor_view, is_store_url
 
 
 def read_range(split: OffsetRange, target: pa.Schema):
@@ -23,8 +27,7 @@ def read_range(split: OffsetRange, target: pa.Schema):
     """
     if split.end <= split.start:
         return
-    log = open_readonly(split.path)
-    try:
+    with _opened(split) as log:
         stream, number = split.stream, split.partition
         first, end = log.start_offset(stream, number), log.end_offset(stream, number)
         start, stop = split.start, split.end
@@ -44,5 +47,18 @@ def read_range(split: OffsetRange, target: pa.Schema):
                         read_committed=split.read_committed) as reader:
             for batch in reader.arrow(include_headers=split.include_headers):
                 yield to_spark_batch(batch, stream, target)
+
+
+@contextlib.contextmanager
+def _opened(split: OffsetRange):
+    """The log to read `split` from: opened here and closed after, or (a log in a
+    store) this worker's view of it, kept for its next split."""
+    if is_store_url(split.path):
+        with executor_view(split.path, split.storage_options, split.generation) as view:
+            yield view
+        return
+    log = open_readonly(split.path)
+    try:
+        yield log
     finally:
         log.close()

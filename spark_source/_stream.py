@@ -28,6 +28,11 @@ reader has no hook for custom source metrics such as Kafka's offsetsBehindLatest
 
 Ends are last stable offsets (see _plan.py): a batch never claims records of a
 transaction that is still open.
+
+A log in an object store (s3://BUCKET/PREFIX, _store.py): the driver's view shows one
+manifest generation from one trigger to the next, and each trigger's refresh() pins
+the newest, so the offsets available come from the newest generation and each plan
+from one; a micro-batch's ranges are cut where segment objects begin.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ._plan import (OffsetRange, check_bound_covers, data_loss, open_readonly, r
 from ._read import read_range
 from ._schema import target_arrow_schema
 from ._ship import ShipsToExecutors
+from ._store import is_store_url, segment_layout
 
 
 class StreamReader(ShipsToExecutors, DataSourceStreamReader,
@@ -71,7 +77,7 @@ class StreamReader(ShipsToExecutors, DataSourceStreamReader,
         by Spark, so resolved once: "latest" must not move between the calls."""
         if self._initial is None:
             options = self.options
-            log = open_readonly(options.path)
+            log = open_readonly(options.path, options.storage_options)
             try:
                 keys = sorted(selected_keys(log, options))
                 check_bound_covers(options.starting, keys)
@@ -135,7 +141,12 @@ class StreamReader(ShipsToExecutors, DataSourceStreamReader,
             starts[key] = self._first_offset(key)
         ranges = [(key, starts[key], ends[key]) for key in sorted(ends)
                   if ends[key] > starts[key]]
-        return make_splits(self.options, ranges)
+        layout = None
+        if ranges and is_store_url(self.options.path):
+            # The generation the driver's view shows now: the one latestOffset took
+            # these ends from, or a newer one (after a restart, the newest).
+            layout = segment_layout(self._driver_view(), [key for key, _, _ in ranges])
+        return make_splits(self.options, ranges, layout)
 
     def read(self, partition):
         if not isinstance(partition, OffsetRange):  # nothing planned: Spark's placeholder
@@ -147,11 +158,17 @@ class StreamReader(ShipsToExecutors, DataSourceStreamReader,
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _driver_view(self):
+        """The driver's view of the log, opened when there is none."""
+        if self._view is None:
+            self._view = open_readonly(self.options.path, self.options.storage_options)
+        return self._view
+
     def _stable_ends(self) -> dict:
         """The last stable offsets now: the driver's view, refreshed (not reopened) at
         each trigger; a view that fails is dropped and opened again at the next one."""
         if self._view is None:
-            self._view = open_readonly(self.options.path)
+            self._driver_view()
         else:
             self._view.refresh()
         try:
