@@ -21,6 +21,7 @@ The functions take an `ObjectStore` (store.py); the values are pure.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 from typing import Any
@@ -33,6 +34,7 @@ MAGIC = b"streamlog-manifest"
 VERSION = 1
 PREFIX = "manifest/"
 TAKE_OVER_ATTEMPTS = 20  # commits lost to racing openers before take_over gives up
+DELTA_CHAIN_MAX = 64  # a generation is written whole at least this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,9 @@ class Manifest:
     # Objects no longer named, with the time (us) after which they may be deleted: the
     # grace period outlives any reader pinned to an older generation.
     garbage: tuple[tuple[str, int], ...] = ()
+    # The generation of the whole manifest object this generation's chain of deltas
+    # starts from (itself when it was written whole; None: not committed). Not stored.
+    based_on: int | None = dataclasses.field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -119,14 +124,70 @@ def generation_of(key: str) -> int | None:
 
 # -- encoding ----------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class Delta:
+    """A generation stored as what it adds to the one before (`prior`): tail pieces,
+    and new committed and acknowledged ends, per partition. Group commits under
+    durability "remote" are deltas, so a commit's manifest PUT is as small as what it
+    adds, whatever the log holds; every DELTA_CHAIN_MAX generations (and whenever more
+    than the tail changes: sealed segments, retention, streams, garbage) a generation is
+    written whole. `full` names the whole one the chain starts from."""
+
+    generation: int
+    epoch: int
+    writer: str
+    prior: int
+    full: int
+    partitions: dict  # name -> (new tail pieces, committed_end, local_end)
+
+
+def _frame(body: dict) -> bytes:
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return b"%s %d %016x\n%s" % (MAGIC, VERSION, xxhash.xxh3_64_intdigest(data), data)
+
+
 def encode(manifest: Manifest) -> bytes:
-    body = json.dumps(_plain(manifest), sort_keys=True, separators=(",", ":")).encode()
-    return b"%s %d %016x\n%s" % (MAGIC, VERSION, xxhash.xxh3_64_intdigest(body), body)
+    """The whole manifest's object."""
+    return _frame(_plain(manifest))
+
+
+def encode_delta(manifest: Manifest, prior: Manifest) -> bytes | None:
+    """`manifest` as a Delta of `prior` (its predecessor, itself based on a whole
+    object), or None when it changes more than tails and ends, or the chain is long."""
+    if (manifest.generation != prior.generation + 1 or prior.based_on is None
+            or manifest.generation - prior.based_on >= DELTA_CHAIN_MAX
+            or manifest.streams != prior.streams or manifest.garbage != prior.garbage
+            or set(prior.partitions) - set(manifest.partitions)):
+        return None
+    changed = {}
+    for name, part in manifest.partitions.items():
+        old = prior.partitions.get(name, PartitionManifest())
+        if part == old:
+            continue
+        if (part.segments != old.segments or part.start_offset != old.start_offset
+                or part.start_hwm_us != old.start_hwm_us
+                or part.tail[:len(old.tail)] != old.tail):
+            return None
+        changed[name] = {"tail": [dataclasses.asdict(p) for p in part.tail[len(old.tail):]],
+                         "committed_end": part.committed_end, "local_end": part.local_end}
+    return _frame({"generation": manifest.generation, "epoch": manifest.epoch,
+                   "writer": manifest.writer, "delta": {
+                       "prior": prior.generation, "full": prior.based_on,
+                       "partitions": changed}})
 
 
 def decode(data: bytes, key: str) -> Manifest:
-    """The manifest in `data`, read from `key`. CorruptObject (naming the key) when it
-    fails its checks."""
+    """The whole manifest in `data`, read from `key`. CorruptObject (naming the key)
+    when it fails its checks, or is a Delta (read() resolves those)."""
+    found = decode_object(data, key)
+    if isinstance(found, Delta):
+        raise CorruptObject(key, 0, "a delta generation, not a whole manifest")
+    return found
+
+
+def decode_object(data: bytes, key: str) -> Manifest | Delta:
+    """The generation stored in `data` (read from `key`): a whole Manifest or a Delta.
+    CorruptObject (naming the key) when it fails its checks."""
     head, newline, body = bytes(data).partition(b"\n")
     fields = head.split(b" ")
     if not newline or len(fields) != 3 or fields[0] != MAGIC:
@@ -141,17 +202,44 @@ def decode(data: bytes, key: str) -> Manifest:
     if xxhash.xxh3_64_intdigest(body) != expected:
         raise CorruptObject(key, len(head) + 1, "manifest checksum mismatch")
     try:
-        manifest = _manifest(json.loads(body))
+        found = json.loads(body)
+        if "delta" in found:
+            delta = found["delta"]
+            result = Delta(int(found["generation"]), int(found["epoch"]),
+                           str(found["writer"]), int(delta["prior"]), int(delta["full"]), {
+                               str(name): (tuple(TailPiece(**p) for p in part["tail"]),
+                                           int(part["committed_end"]), int(part["local_end"]))
+                               for name, part in delta["partitions"].items()})
+        else:
+            result = dataclasses.replace(_manifest(found),
+                                         based_on=int(found["generation"]))
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptObject(key, len(head) + 1, f"manifest body: {error}") from None
-    if manifest.key != key:
+    if key_of(result.generation) != key or (
+            isinstance(result, Delta) and result.prior != result.generation - 1):
         raise CorruptObject(key, len(head) + 1,
-                            f"manifest of generation {manifest.generation} stored at {key}")
-    return manifest
+                            f"manifest of generation {result.generation} stored at {key}")
+    return result
+
+
+def apply(prior: Manifest, delta: Delta) -> Manifest:
+    """The generation `delta` makes of `prior` (its predecessor)."""
+    if delta.prior != prior.generation:
+        raise CorruptObject(key_of(delta.generation), 0, f"a delta of generation "
+                            f"{delta.prior} applied to generation {prior.generation}")
+    partitions = dict(prior.partitions)
+    for name, (pieces, committed_end, local_end) in delta.partitions.items():
+        part = partitions.get(name, PartitionManifest())
+        partitions[name] = dataclasses.replace(part, tail=part.tail + pieces,
+                                               committed_end=committed_end,
+                                               local_end=local_end)
+    return Manifest(delta.generation, delta.epoch, delta.writer, prior.streams, partitions,
+                    prior.garbage, based_on=prior.based_on)
 
 
 def _plain(manifest: Manifest) -> dict:
     out = dataclasses.asdict(manifest)
+    del out["based_on"]
     out["garbage"] = [list(item) for item in manifest.garbage]
     return out
 
@@ -178,8 +266,28 @@ def latest(store) -> Manifest | None:
                          if g is not None)
     if not generations:
         return None
-    key = key_of(generations[-1])
-    return decode(store.get(key), key)
+    return read(store, generations[-1])
+
+
+def read(store, generation: int) -> Manifest:
+    """Generation `generation`, whole: its object, or the whole object its chain of
+    deltas starts from and the deltas after it (fetched together)."""
+    key = key_of(generation)
+    found = decode_object(store.get(key), key)
+    if isinstance(found, Manifest):
+        return found
+    base = read(store, found.full)
+    if not isinstance(base, Manifest) or base.based_on != found.full:
+        raise CorruptObject(key, 0, f"its chain starts from generation {found.full}, "
+                            f"which is not a whole manifest")
+    wanted = range(found.full + 1, generation)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        deltas = list(pool.map(lambda g: decode_object(store.get(key_of(g)), key_of(g)),
+                               wanted))
+    current = base
+    for delta in [*deltas, found]:
+        current = apply(current, delta) if isinstance(delta, Delta) else delta
+    return current
 
 
 def newer(store, manifest: Manifest) -> Manifest:
@@ -193,18 +301,23 @@ def newer(store, manifest: Manifest) -> Manifest:
             data = store.get(key)
         except ObjectNotFound:
             return current
-        current = decode(data, key)
+        found = decode_object(data, key)
+        current = apply(current, found) if isinstance(found, Delta) else found
 
 
-def commit(store, manifest: Manifest) -> Manifest:
-    """Commit `manifest` as its generation. Raises Fenced when a writer with a higher
-    epoch committed that generation first; PreconditionFailed when one with the same or
-    a lower epoch did (a race between openers: take_over tries the next generation)."""
+def commit(store, manifest: Manifest, prior: Manifest | None = None) -> Manifest:
+    """Commit `manifest` as its generation: as a Delta of `prior` (its predecessor, as
+    this writer committed or read it) when it can be one, else whole. Returns it as
+    committed. Raises Fenced when a writer with a higher epoch committed that
+    generation first; PreconditionFailed when one with the same or a lower epoch did
+    (a race between openers: take_over tries the next generation)."""
+    data = encode_delta(manifest, prior) if prior is not None else None
+    based_on = prior.based_on if data is not None else manifest.generation
     try:
-        store.put(manifest.key, encode(manifest), if_absent=True)
-        return manifest
+        store.put(manifest.key, data or encode(manifest), if_absent=True)
+        return dataclasses.replace(manifest, based_on=based_on)
     except PreconditionFailed:
-        winner = decode(store.get(manifest.key), manifest.key)
+        winner = decode_object(store.get(manifest.key), manifest.key)
     if winner.epoch > manifest.epoch:
         raise Fenced(f"the log was taken over by a newer writer (epoch {winner.epoch}, "
                      f"{winner.writer}); this writer (epoch {manifest.epoch}) stops")

@@ -177,7 +177,7 @@ class Tiering:
                 proposed, streams=streams, partitions={
                     **proposed.partitions, **{
                         part.name: self._with_local_end(proposed, part) for part in parts}}))
-            self.manifest = manifests.commit(self.store, proposed.successor())
+            self.manifest = manifests.commit(self.store, proposed.successor(), current)
             self.stats["commits"] += 1
             self.stats["puts"] += 1
             if tail_bytes is not None:

@@ -126,3 +126,57 @@ def test_a_store_that_is_down_fails_the_commit_with_its_own_error():
         commit(store, manifest.successor())
     store.up()
     assert commit(store, manifest.successor()).generation == 1
+
+
+def _with_piece(manifest: Manifest, name: str, n: int) -> Manifest:
+    """`manifest`'s successor with one more tail piece in partition `name`."""
+    from streamlog.remote.manifest import TailPiece
+    import dataclasses
+    part = manifest.partitions[name]
+    end = part.committed_end
+    piece = TailPiece(f"tail/3/{n:020d}", 100, 10 * n % 100, 10, 120, 10 * n, end, end + 2)
+    return manifest.successor(partitions={**manifest.partitions, name: dataclasses.replace(
+        part, tail=part.tail + (piece,), committed_end=end + 2, local_end=end + 2)})
+
+
+def test_group_commits_are_small_deltas_that_read_back_whole():
+    """Tail-only generations are stored as deltas of their predecessor (a PUT as small
+    as what the commit adds), at most DELTA_CHAIN_MAX in a chain; latest(), read() and
+    newer() give back the same whole manifests the writer had."""
+    from streamlog.remote.manifest import DELTA_CHAIN_MAX, decode_object, newer, read
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    history = [current]
+    for n in range(1, 150):
+        current = commit(store, _with_piece(current, f"s/{n % 2}", n), current)
+        history.append(current)
+    objects = [decode_object(store.get(key_of(g)), key_of(g)) for g in range(150)]
+    whole = [g for g, found in enumerate(objects) if isinstance(found, Manifest)]
+    assert whole == list(range(0, 150, DELTA_CHAIN_MAX))
+    sizes = [len(store.get(key_of(g))) for g in range(150)]
+    assert max(sizes[g] for g in range(150) if g not in whole) < 600
+    assert latest(store) == history[-1]
+    for g in (0, 1, 63, 64, 65, 100, 149):
+        assert read(store, g) == history[g]
+        assert newer(store, history[g]) == history[-1]
+
+
+def test_a_damaged_delta_in_the_chain_is_named():
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    for n in range(1, 6):
+        current = commit(store, _with_piece(current, "s/0", n), current)
+    store.flip_bit(key_of(3), 40, 2)
+    with pytest.raises(CorruptObject, match=key_of(3)):
+        latest(store)
+
+
+def test_a_generation_that_changes_more_than_the_tail_is_stored_whole():
+    from streamlog.remote.manifest import decode_object
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    current = commit(store, _with_piece(current, "s/0", 1), current)
+    changed = current.successor(streams={"s": 2, "t": 1})
+    current = commit(store, changed, current)
+    assert isinstance(decode_object(store.get(key_of(2)), key_of(2)), Manifest)
+    assert latest(store) == changed
