@@ -14,8 +14,8 @@ from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptObject,
                      CorruptSegment, DataLossError, Fenced, InvalidAppend, InvalidArgument,
                      LogClosed, LogLocked, OffsetOutOfRange, PartitionFailed, ProducerFenced,
-                     ReadOnlyLog, StoreError, StoreTimeout, StoreUnavailable, StreamLogError,
-                     UnknownStream)
+                     ReadOnlyLog, StoreBacklogFull, StoreError, StoreTimeout, StoreUnavailable,
+                     StreamLogError, UnknownStream)
 from .append import partition_for_key
 from .directory import writer_in_this_process
 from .connect import open_log
@@ -54,5 +54,5 @@ __all__ = [
     "ProducerTimeout",
     *_OPERATOR_NAMES,
     "CorruptionError", "CorruptFrame", "CorruptSegment", "CorruptIndex", "CorruptObject",
-    "StoreError", "StoreUnavailable", "StoreTimeout", "Fenced",
+    "StoreError", "StoreUnavailable", "StoreTimeout", "StoreBacklogFull", "Fenced",
 ]

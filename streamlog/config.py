@@ -88,6 +88,9 @@ class LogConfig:
     # taken within remote_timeout_s fails with StoreTimeout). Tail objects no
     # generation names any more are deleted after remote_grace_s.
     durability: str = "local"
+    # Durability "local": appends fail with StoreBacklogFull once a partition holds this
+    # many bytes the store does not have yet (the store down or too slow); None: never.
+    remote_max_backlog_bytes: int | None = 4 * 1024 * 1024 * 1024
     remote_commit_ms: int = 10
     remote_commit_bytes: int = 4 * 1024 * 1024
     remote_timeout_s: float = 30.0
@@ -133,6 +136,11 @@ class LogConfig:
             if not _is_number(value) or not 0 < value <= 60:
                 raise InvalidArgument(f"{name} must be a number of seconds in (0, 60] "
                                       f"(got {value!r})")
+        if self.remote_max_backlog_bytes is not None and (
+                not _is_int(self.remote_max_backlog_bytes)
+                or self.remote_max_backlog_bytes <= 0):
+            raise InvalidArgument(f"remote_max_backlog_bytes must be a positive integer or "
+                                  f"None (got {self.remote_max_backlog_bytes!r})")
         if self.durability not in ("local", "remote"):
             raise InvalidArgument(f"durability must be local or remote (got "
                                   f"{self.durability!r})")

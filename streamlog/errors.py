@@ -153,6 +153,12 @@ class StoreTimeout(StoreError, TimeoutError):
     may still reach the store: as with any timeout, the outcome is unknown."""
 
 
+class StoreBacklogFull(StoreError):
+    """Durability "local": a partition holds `remote_max_backlog_bytes` the store does
+    not have yet (it is down or too slow), so appends are refused until the backlog
+    drains: back-pressure, not a failure of the log. Try again later."""
+
+
 class ObjectNotFound(StoreError):
     """No object has this key (or it was deleted)."""
 

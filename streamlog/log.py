@@ -28,7 +28,8 @@ from . import directory, layout
 from .append import AppendRules, Submission, check_partition
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
-from .errors import Fenced, InvalidArgument, LogClosed, ReadOnlyLog, UnknownStream
+from .errors import (Fenced, InvalidArgument, LogClosed, ReadOnlyLog, StoreBacklogFull,
+                     UnknownStream)
 from .frame import ProducerStamp
 from .locks import WriterRegistry
 from .log_admin import AdminOperations
@@ -398,11 +399,26 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             raise Fenced(f"the log at {self.path} was taken over in its store by a newer "
                          f"writer: this one appends no more ({self.tiering.error})")
         targets = [partitions[number] for number in submission.pieces]
+        if self.tiering is not None and self.tiering.gate is None:
+            self._check_backlog(targets)
         if submission.txn_id:
             for part in targets:
                 part.check_appendable(submission.txn_id)
                 part.txns_written_here.add(submission.txn_id)
         return targets
+
+    def _check_backlog(self, targets: list[Partition]) -> None:
+        """Durability "local": back-pressure once the store lags too far."""
+        bound = self.config.remote_max_backlog_bytes
+        if bound is None:
+            return
+        for part in targets:
+            backlog = self.tiering.backlog_bytes(part)
+            if backlog >= bound:
+                raise StoreBacklogFull(
+                    f"{part.name} holds {backlog} bytes the store does not have yet "
+                    f"(remote_max_backlog_bytes {bound}): the store is down or too slow "
+                    f"({self.tiering.error or 'uploading'}); try again later")
 
     def _firsts(self, submission: Submission) -> list[int]:
         return [part.submit(pieces) for part, pieces in

@@ -109,25 +109,30 @@ class AckGate:
             return any(self._held.values())
 
     def committed(self) -> None:
-        """After a commit: release every ack the store now holds, and those past their
-        deadline with StoreTimeout."""
+        """After a round: release every ack the store now holds, and fail those past
+        their deadline with StoreTimeout."""
         done = []
-        now = self.clock.monotonic_s()
         with self._lock:
             self.held_bytes = 0
             for name, held in self._held.items():
                 end = self._committed_end(name)
                 while held and held[0][0] <= end:
                     done += held.popleft()[2]
+        resolve_waiters(done)
+        self.expire()
+
+    def expire(self) -> None:
+        """Fail the acks past their deadline with StoreTimeout: called after each round
+        and, while a round is stuck on a store that does not answer, by a timer."""
+        done = []
+        now = self.clock.monotonic_s()
+        with self._lock:
+            for name, held in self._held.items():
                 expired = [entry for entry in held if entry[1] <= now]
                 for entry in expired:
                     held.remove(entry)
                     done += _failed(entry[2], _timeout(name, entry[0], self.timeout_s))
         resolve_waiters(done)
-
-    def expire(self) -> None:
-        """Fail the acks past their deadline (the store is not taking commits)."""
-        self.committed()
 
     def cut(self, name: str, end: int) -> None:
         """The partition was truncated at `end`: acks held for records past it fail

@@ -25,9 +25,11 @@ conditional write subtle; `Retrying.put` says how it stays idempotent.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import re
+import threading
 import time
 from typing import Callable, NamedTuple, Protocol, TypeVar, runtime_checkable
 
@@ -272,6 +274,11 @@ class Retrying:
         self.store = store
         self.policy = policy
         self.url = store.url
+        # requests by operation (each attempt counts), and attempts that failed
+        # (StoreUnavailable): what /metrics shows
+        self.requests: collections.Counter = collections.Counter()
+        self.failures: collections.Counter = collections.Counter()
+        self._counts_lock = threading.Lock()
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
@@ -293,7 +300,7 @@ class Retrying:
         budget = self._budget()
         try:
             return self._attempt(budget, lambda: self.store.put(
-                key, data, if_absent=if_absent, if_match=if_match))
+                key, data, if_absent=if_absent, if_match=if_match), "put")
         except PreconditionFailed:
             conditional = if_absent or if_match is not None
             if not conditional or budget.failures == 0:
@@ -304,33 +311,39 @@ class Retrying:
             return etag
 
     def get(self, key: str) -> bytes:
-        return self._attempt(self._budget(), lambda: self.store.get(key))
+        return self._attempt(self._budget(), lambda: self.store.get(key), "get")
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self._attempt(self._budget(), lambda: self.store.get_range(key, start, end))
+        return self._attempt(self._budget(), lambda: self.store.get_range(key, start, end),
+                             "get")
 
     def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return self._attempt(self._budget(), lambda: self.store.get_ranges(key, ranges))
+        return self._attempt(self._budget(), lambda: self.store.get_ranges(key, ranges),
+                             "get")
 
     def head(self, key: str) -> ObjectMeta:
-        return self._attempt(self._budget(), lambda: self.store.head(key))
+        return self._attempt(self._budget(), lambda: self.store.head(key), "head")
 
     def list(self, prefix: str = "") -> list[ObjectMeta]:
-        return self._attempt(self._budget(), lambda: self.store.list(prefix))
+        return self._attempt(self._budget(), lambda: self.store.list(prefix), "list")
 
     def delete(self, key: str) -> None:
-        return self._attempt(self._budget(), lambda: self.store.delete(key))
+        return self._attempt(self._budget(), lambda: self.store.delete(key), "delete")
 
     # -- the loop ------------------------------------------------------------------------
 
     def _budget(self) -> _Budget:
         return _Budget(self._clock.monotonic_s())
 
-    def _attempt(self, budget: _Budget, call: Callable[[], T]) -> T:
+    def _attempt(self, budget: _Budget, call: Callable[[], T], operation: str) -> T:
         while True:
+            with self._counts_lock:
+                self.requests[operation] += 1
             try:
                 return call()
             except StoreUnavailable:
+                with self._counts_lock:
+                    self.failures[operation] += 1
                 budget.failures += 1
                 delay_s = self._delay_s(budget)
                 if delay_s is None:
@@ -350,10 +363,10 @@ class Retrying:
         """The object's ETag if it holds exactly `data`, else None (gone, or other
         bytes). The size is compared first, so a mismatch costs no download."""
         try:
-            meta = self._attempt(budget, lambda: self.store.head(key))
+            meta = self._attempt(budget, lambda: self.store.head(key), "head")
             if meta.size != len(data):
                 return None
-            stored = self._attempt(budget, lambda: self.store.get(key))
+            stored = self._attempt(budget, lambda: self.store.get(key), "get")
         except ObjectNotFound:
             return None
         return meta.etag if stored == bytes(data) else None

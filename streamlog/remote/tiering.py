@@ -89,7 +89,16 @@ class Tiering:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="streamlog-tiering")
         self._thread.start()
+        if self.gate is not None:  # acks time out even while a round is stuck
+            threading.Thread(target=self._expire_acks, daemon=True,
+                             name="streamlog-ack-timeouts").start()
         return self
+
+    def _expire_acks(self) -> None:
+        tick = min(0.1, self.gate.timeout_s / 4)
+        while not self._stopping:
+            time.sleep(tick)
+            self.gate.expire()
 
     def wake(self) -> None:
         """Run a round now (a segment was sealed)."""
@@ -125,6 +134,38 @@ class Tiering:
         local retention (called before each retention, and after each round)."""
         found = self.manifest.partitions.get(part.name)
         part.hold(self._token, found.sealed_end if found is not None else 0)
+
+    def backlog_bytes(self, part) -> int:
+        """Bytes of the partition the store does not hold yet: under durability
+        "local" its local segments past the store's segment objects, under "remote"
+        what the next tail round would put."""
+        found = self.manifest.partitions.get(part.name, PartitionManifest())
+        state = part.state
+        if self.gate is not None:
+            try:
+                return sum(run.size for run in tail_runs(state, found))
+            except StoreError:
+                return 0
+        end = found.sealed_end if (found.segments or found.tail) else -1
+        if not state.segments:
+            return 0
+        active = state.segments.active
+        return sum(state.active_position if segment is active else segment.size_bytes
+                   for segment in state.segments if segment.base_offset >= end)
+
+    def status(self) -> dict:
+        """What /metrics shows: per partition the records and bytes the store lacks,
+        the manifest's generation, the store's request counts (when it counts)."""
+        parts = list(self._partitions())
+        manifest = self.manifest
+        return {"generation": manifest.generation, "epoch": manifest.epoch,
+                "fenced": self.fenced, "errors": self.stats["errors"],
+                "commits": self.stats["commits"],
+                "lag_records": {part.name: max(0, part.end_offset - self.committed_end(
+                    part.name)) for part in parts},
+                "backlog_bytes": {part.name: self.backlog_bytes(part) for part in parts},
+                "requests": dict(getattr(self.store, "requests", {})),
+                "failures": dict(getattr(self.store, "failures", {}))}
 
     def committed_end(self, partition: str) -> int:
         """The partition's remote committed end (exclusive, like end_offset)."""

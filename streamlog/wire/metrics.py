@@ -29,6 +29,7 @@ import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from ..fileio import OsFileIO
@@ -58,6 +59,55 @@ COUNTERS = (
     ("txn_timeouts", "streamlog_txn_timeouts_total",
      "transactions aborted for being open longer than txn_timeout_s"),
 )
+
+
+class _StoreCollector:
+    """A log tiered to an object store: its upload lag and backlog by partition, its
+    manifest generation, and the store's requests and failures by operation, read from
+    the tiering job at each scrape (none when the log is not tiered)."""
+
+    def __init__(self, metrics: "Metrics") -> None:
+        self.metrics = metrics
+
+    def describe(self):
+        return []  # (names known only at a scrape: collect() is not run at register)
+
+    def collect(self):
+        server = self.metrics._server
+        tiering = getattr(getattr(server, "log", None), "tiering", None)
+        if tiering is None:
+            return
+        status = tiering.status()
+        for name, help_text, values in (
+                ("streamlog_remote_lag_records", "records acknowledged here that the "
+                 "object store does not hold yet", status["lag_records"]),
+                ("streamlog_remote_backlog_bytes", "bytes the object store does not hold "
+                 "yet (back-pressure past remote_max_backlog_bytes)",
+                 status["backlog_bytes"])):
+            family = GaugeMetricFamily(name, help_text, labels=["partition"])
+            for partition, value in sorted(values.items()):
+                family.add_metric([partition], value)
+            yield family
+        yield GaugeMetricFamily("streamlog_remote_generation",
+                                "the newest manifest generation this writer committed",
+                                value=status["generation"])
+        yield GaugeMetricFamily("streamlog_remote_fenced", "1 once a newer writer took the "
+                                "log over in the store", value=int(status["fenced"]))
+        yield CounterMetricFamily("streamlog_remote_commits", "manifest generations "
+                                  "committed", value=status["commits"])
+        yield CounterMetricFamily("streamlog_remote_round_errors", "tiering rounds that "
+                                  "failed (the store down or refusing)",
+                                  value=status["errors"])
+        for name, help_text, values in (
+                ("streamlog_store_requests", "requests to the object store by operation "
+                 "(each attempt)", status["requests"]),
+                ("streamlog_store_failures", "requests to the object store that failed "
+                 "and were retried or given up (5xx, throttling, timeouts)",
+                 status["failures"])):
+            family = CounterMetricFamily(name, help_text, labels=["operation"])
+            for operation, value in sorted(values.items()):
+                family.add_metric([operation], value)
+            yield family
 
 
 class Counters:
@@ -114,6 +164,7 @@ class Metrics:
                 ("streamlog_draining", "1 while shutting down",
                  lambda: int(bool(self._server and self._server.draining)))):
             Gauge(name, help_text, registry=self.registry).set_function(read)
+        self.registry.register(_StoreCollector(self))
 
     def watch(self, server) -> None:
         """Read the live gauges from `server` (a LogServer) from now on."""

@@ -170,3 +170,50 @@ def test_an_older_writer_learns_of_a_take_over_and_appends_no_more(disk):
         with pytest.raises(Fenced):
             older.append_batch_sync("s", [b"a", b"b"])
         assert older.end_offset("s") == 6  # nothing after the take-over was known
+
+
+def test_the_store_down_past_the_backlog_bound_is_back_pressure(disk):
+    """Durability local: with the store down, appends go on until a partition holds
+    remote_max_backlog_bytes the store lacks, then fail with StoreBacklogFull (nothing
+    written); once the store is back and a round drained it, appends go on."""
+    store = MemoryStore()
+    with streamlog.open_log("/memory/log", remote=store, **disk, **SMALL,
+                            remote_max_backlog_bytes=20_000) as log:
+        log.tiering.close()
+        log.create_stream("s", 1)
+        store.down()
+        written = 0
+        with pytest.raises(streamlog.StoreBacklogFull, match="20000"):
+            for i in range(10_000):
+                log.append_sync("s", b"%05d" % i + b"." * 200)
+                written += 1
+        assert written > 20
+        assert log.end_offset("s", 0) == written  # the refused one was not written
+        assert log.tiering.backlog_bytes(log._partition("s", 0)) >= 20_000
+        with pytest.raises(StoreUnavailable):
+            log.tiering.run_once()
+        store.up()
+        log.tiering.run_once()
+        assert log.tiering.backlog_bytes(log._partition("s", 0)) < 4096  # the active one
+        log.append_sync("s", b"again")
+        status = log.tiering.status()
+        assert status["backlog_bytes"]["s/0"] < 4096 and status["lag_records"]["s/0"] > 0
+
+
+def test_metrics_show_the_store_lag_backlog_and_requests(disk):
+    from streamlog.remote.store import Retrying
+    from streamlog.wire.metrics import Metrics
+    store = Retrying(MemoryStore())
+    with streamlog.open_log("/memory/log", remote=store, **disk, **SMALL) as log:
+        log.tiering.close()
+        log.create_stream("s", 1)
+        fill(log, 60)
+        log.tiering.run_once()
+        metrics = Metrics()
+        metrics.watch(type("Server", (), {"log": log, "sessions": [], "draining": False})())
+        text = metrics.exposition()[0].decode()
+        part = log._partition("s", 0)
+    assert f'streamlog_remote_backlog_bytes{{partition="s/0"}} {float(part.segments[-1].size_bytes)}' in text
+    assert 'streamlog_remote_lag_records{partition="s/0"}' in text
+    assert 'streamlog_store_requests_total{operation="put"}' in text
+    assert "streamlog_remote_generation " in text
