@@ -154,7 +154,9 @@ PUBLIC_MODULES: dict[str, tuple[frozenset[str] | None, str]] = {
     "streamlog.check": (None, "the offline check and repair of a partition's files "
                               "(DESIGN 4): what `streamlog verify`, `dump` and `repair` run"),
     "streamlog.integrity": (frozenset({"Verdict"}), "the verdict a check's result carries"),
-    "streamlog.connect": (frozenset({"open_log"}), "open_log is streamlog.open_log"),
+    "streamlog.connect": (frozenset({"open_log", "open_store"}),
+                          "open_log is streamlog.open_log; open_store opens an object store "
+                          "from its URL as open_log does (operators' checkpoints in one)"),
     "streamlog.producer": (frozenset({"Producer"}),
                            "the Producer a daemon's client's producer() returns"),
     "streamlog.directory": (frozenset({"take_writer_lock"}),

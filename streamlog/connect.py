@@ -71,7 +71,7 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
             raise InvalidArgument("a log opened from its store URL takes no remote=, "
                                   "fileio= or index_storage=")
         from .remote.view import open_view
-        return open_view(_store_of(path, storage_options), merged.validate(),
+        return open_view(open_store(path, storage_options), merged.validate(),
                          clock=clock or SYSTEM_CLOCK)
     if merged.durability == "remote" and (remote is None or readonly):
         raise InvalidArgument("durability='remote' needs a store to be durable in: open "
@@ -81,7 +81,7 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
         if readonly:
             raise InvalidArgument("remote= tiers a writable open; a read-only open of a "
                                   "log in the store is not supported yet")
-        store = _store_of(remote, storage_options)
+        store = open_store(remote, storage_options)
     return Log(os.fspath(path), merged.validate(), readonly=readonly, create=create,
                fileio=fileio or OsFileIO(), progress=progress, clock=clock or SYSTEM_CLOCK,
                index_storage=index_storage, remote=store)
@@ -92,8 +92,11 @@ def _is_store(value) -> bool:
                for method in ("put", "get", "get_range", "get_ranges", "list", "delete"))
 
 
-def _store_of(remote, storage_options):
-    """The object store `remote` names: an s3:// URL behind retries, or a store given."""
+def open_store(remote, storage_options=None):
+    """The object store `remote` names: an `s3://BUCKET/PREFIX` URL (endpoint and
+    credentials from `storage_options` or the AWS_* variables), behind retries with
+    backoff (remote/store.py), or an ObjectStore given (tests: MemoryStore), as it is.
+    Raises InvalidArgument for anything else. Loads the S3 client only for a URL."""
     if isinstance(remote, str):
         from .remote.s3 import S3Store
         from .remote.store import Retrying
@@ -103,7 +106,7 @@ def _store_of(remote, storage_options):
         return Retrying(S3Store.from_url(remote, storage_options))
     if storage_options is not None:
         raise InvalidArgument("storage_options go with a remote URL, not a store object")
-    if not _is_store(remote):
+    if not _is_store(remote) or not isinstance(getattr(remote, "url", None), str):
         raise InvalidArgument(f"remote must be an s3:// URL or an object store "
                               f"(got a {type(remote).__name__})")
     return remote

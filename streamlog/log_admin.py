@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 
 from . import holds as holds_module
-from .errors import CorruptIndex, InvalidArgument
+from .errors import CorruptIndex, InvalidArgument, ReadOnlyLog
 from .scrub import read_scrub_status
 
 
@@ -65,8 +65,14 @@ class AdminOperations:
         """
         self._check_open()
         part = self._partition(stream, partition)
+        self._check_holds_here()
         holds_module.set_hold(self.fileio, part.directory, name, offset,
                               self.clock.wall_us())
+
+    def _check_holds_here(self) -> None:
+        if self.remote_view is not None:
+            raise ReadOnlyLog("a log read from its object store keeps no holds here: its "
+                              "retention is its writer's (hold in the writer's log)")
 
     def release_hold(self, stream: str, partition: int, name: str) -> bool:
         """Remove the durable hold `name` (a damaged hold file too). Allowed on a
@@ -78,8 +84,9 @@ class AdminOperations:
             InvalidArgument for a bad name or partition; UnknownStream, LogClosed.
         """
         self._check_open()
-        return holds_module.release(self.fileio, self._partition(stream, partition).directory,
-                                    name)
+        part = self._partition(stream, partition)
+        self._check_holds_here()
+        return holds_module.release(self.fileio, part.directory, name)
 
     def holds(self, stream: str, partition: int = 0) -> dict[str, dict]:
         """The partition's durable holds.

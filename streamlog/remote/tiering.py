@@ -330,9 +330,18 @@ class Tiering:
                     break
                 tail.append(piece)
             committed = tail[-1].end_offset if tail else sealed_end
-            self._commit_partition(current, part.name, dataclasses.replace(
-                found, segments=segments, tail=tuple(tail), committed_end=committed,
-                local_end=min(found.local_end, end)))
+            updated = dataclasses.replace(found, segments=segments, tail=tuple(tail),
+                                          committed_end=committed,
+                                          local_end=min(found.local_end, end))
+            if self.gate is not None and committed < end:
+                # durability remote: what the cut kept of a segment the store had whole
+                # goes up as tail pieces in the same generation, so the store never
+                # lacks an acknowledged record below the cut
+                with_tail = self._add_tail(dataclasses.replace(current, partitions={
+                    **current.partitions, part.name: updated}), [part])
+                updated = with_tail[0].partitions[part.name]
+                updated = dataclasses.replace(updated, local_end=updated.committed_end)
+            self._commit_partition(current, part.name, updated)
             return end
 
     def _commit_partition(self, current: Manifest, name: str,

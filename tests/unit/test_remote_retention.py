@@ -122,3 +122,24 @@ def test_truncate_under_remote_durability_restores_as_the_log_was_cut():
     with open_tiered(bucket, "remote") as restored:  # the first machine is gone
         assert [(r.offset, r.value) for r in restored.reader("s", 0)] == expected
     log.tiering.close()
+
+
+def test_a_cut_into_a_segment_the_store_has_whole_keeps_every_record_below_it():
+    """Durability remote: the part of a stored segment the cut keeps goes up in the
+    same generation as the cut, so a machine lost right after it restores the log
+    exactly as cut, and reports nothing lost."""
+    bucket = MemoryBucket()
+    log = open_tiered(bucket, "remote")
+    by_hand(log)
+    log.create_stream("s", 1)
+    fill(log, 300)
+    log.tiering.run_once()  # the sealed segments go up whole
+    part = newest(bucket).partitions["s/0"]
+    cut = part.segments[2].base_offset + 5
+    log.truncate_after("s", 0, cut)
+    assert newest(bucket).partitions["s/0"].committed_end == cut + 1
+    expected = [(r.offset, r.value) for r in log.reader("s", 0)]
+    with open_tiered(bucket, "remote") as restored:  # lost right after the cut
+        assert [(r.offset, r.value) for r in restored.reader("s", 0)] == expected
+        assert restored.info()["restored"]["lost"] == {}
+    log.tiering.close()

@@ -276,3 +276,14 @@ def test_info_shows_the_generation_and_each_partitions_remote_end(tiered):
             assert mine["remote_committed_offset"] == end
             assert mine["remote_lag_records"] == log.end_offset("s", n) - end > 0
             assert mine["remote_lag_bytes"] == log._partition("s", n).segments[-1].size_bytes
+
+
+def test_a_view_of_the_store_keeps_no_holds(tiered):
+    log, bucket = tiered
+    fill(log, 300)
+    log.tiering.run_once()
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        with pytest.raises(ReadOnlyLog, match="keeps no holds"):
+            view.hold("s", 0, "reader", 5)
+        with pytest.raises(ReadOnlyLog, match="keeps no holds"):
+            view.release_hold("s", 0, "reader")
