@@ -9,7 +9,8 @@ API (open_log, readers, appends, truncate_after, holds). The modules, by concern
 - checkpoints (DESIGN 7): checkpoint.py (the Checkpointer, off the operator's thread),
   checkpoint_value.py (StateHandler, Checkpoint and its stored form),
   checkpoint_policy.py (CheckpointPolicy, CheckpointRequest), checkpoint_store.py (the
-  LMDB store), codec.py (the state codec);
+  LMDB store), checkpoint_objects.py (the same in an object store, for recovery on
+  another machine), codec.py (the state codec);
 - continuous eventual checkpointing (DESIGN 8): cec_policy.py (CECPolicy: when G_CHECKs
   are written), read_backwards.py (reading an output from its end);
 - the windowed aggregate with CEC: aggregate.py (AggregateOperator), aggregate_records.py
@@ -26,6 +27,7 @@ from .aggregate import AggregateOperator, WindowSpec
 from .aggregate_records import AggregateResult, read_aggregate_results
 from .cec_policy import CECPolicy
 from .checkpoint_policy import CheckpointPolicy, CheckpointRequest
+from .checkpoint_objects import ObjectCheckpointStore
 from .checkpoint_store import CheckpointStore
 from .checkpoint_value import Checkpoint, StateHandler
 from .codec import DEFAULT_CODEC, MsgpackCodec, StateCodec
@@ -39,7 +41,8 @@ from .windows import WindowedOperator
 
 __all__ = [
     "OperatorRuntime", "InputChunk", "OutputBuffer", "RecoveryReport", "print_progress",
-    "Checkpoint", "CheckpointPolicy", "CheckpointRequest", "CheckpointStore", "StateHandler",
+    "Checkpoint", "CheckpointPolicy", "CheckpointRequest", "CheckpointStore",
+    "ObjectCheckpointStore", "StateHandler",
     "StateCodec", "MsgpackCodec", "DEFAULT_CODEC",
     "AggregateOperator", "AggregateResult", "CECPolicy", "WindowSpec",
     "read_aggregate_results",

@@ -43,20 +43,40 @@ def run_aggregate_job(spec: dict) -> dict:
     input end, close. `spec`: input_path, input_stream, output_path, output_stream,
     mode ("none" | "crb" | "cec"), window {kind, size}, cec {CECPolicy fields},
     checkpoint_interval_s, store_path, chunk_records, fsync, output_options, progress,
-    hold_input, fail_on_data_loss."""
+    hold_input, fail_on_data_loss.
+
+    In an object store (DESIGN 11; endpoint and credentials from the AWS_* variables,
+    or `storage_options`): `input_remote` reads the input from that s3:// URL instead
+    of input_path; `output_remote` tiers the output in output_path to that URL with
+    durability "remote" (an empty or new output_path is restored from the store);
+    `store_remote` keeps CRB's checkpoints there instead of in store_path."""
     import streamlog
     from .checkpoint import CheckpointPolicy, CheckpointStore
+    from .checkpoint_objects import ObjectCheckpointStore
     from .runtime import OperatorRuntime
     from .recovery_report import print_progress
     operator = build_operator(spec)
     store = None
     policy = None
+    storage_options = spec.get("storage_options")
     if spec.get("mode") == "crb":
-        store = CheckpointStore(spec["store_path"])
+        store = (ObjectCheckpointStore(spec["store_remote"], storage_options=storage_options)
+                 if spec.get("store_remote") else CheckpointStore(spec["store_path"]))
         policy = CheckpointPolicy.periodic(float(spec.get("checkpoint_interval_s", 1.0)))
-    input_log = streamlog.open_log(spec["input_path"], readonly=True)
-    output_log = streamlog.open_log(spec["output_path"], fsync=spec.get("fsync", "always"),
-                                    **spec.get("output_options", {}))
+    output_options = dict(spec.get("output_options", {}))
+    if spec.get("output_remote"):
+        output_options.update(remote=spec["output_remote"], storage_options=storage_options,
+                              durability="remote")
+    if spec.get("input_remote"):
+        input_log = streamlog.open_log(spec["input_remote"], storage_options=storage_options)
+    else:
+        input_log = streamlog.open_log(spec["input_path"], readonly=True)
+    try:
+        output_log = streamlog.open_log(spec["output_path"], fsync=spec.get("fsync", "always"),
+                                        **output_options)
+    except BaseException:
+        input_log.close()
+        raise
     try:
         runtime = OperatorRuntime(
             operator, input_log=input_log, input_stream=spec["input_stream"],

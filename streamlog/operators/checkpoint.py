@@ -5,7 +5,8 @@ CheckpointStore, off the operator's thread.
 Where the parts are: what an operator implements and fills, and the stored form
 (checkpoint_value.py: StateHandler, Checkpoint); when checkpoints are taken and the
 handle of a requested one (checkpoint_policy.py: CheckpointPolicy, CheckpointRequest);
-the LMDB store (checkpoint_store.py: CheckpointStore). Those public names are
+the LMDB store (checkpoint_store.py: CheckpointStore) or its twin in an object store
+(checkpoint_objects.py: ObjectCheckpointStore). Those public names are
 importable from here too (`__all__`).
 
 Strategy: taking a checkpoint has three steps; only the first runs on the operator's

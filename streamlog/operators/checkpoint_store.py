@@ -8,7 +8,8 @@ only once its transaction is on stable storage, and a crash leaves either the wh
 checkpoint or none of it (LMDB commits are atomic). LMDB rather than a streamlog stream
 because a checkpoint is read by key ("the latest complete one", "the newest one that the
 output still covers"), old ones are deleted, and the log's writer lock would tie the
-store to the output log's process. A damaged entry is reported (`CorruptionError`)
+store to the output log's process (checkpoint_objects.py keeps them in an object store
+instead, with the same interface). A damaged entry is reported (`CorruptionError`)
 instead of loaded, and `latest` passes over it. The store keeps the newest `keep`
 checkpoints and deletes older ones in the same transaction.
 
@@ -44,6 +45,9 @@ class CheckpointStore:
         if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= STORE_KEEP_MAX:
             raise InvalidArgument(f"keep must be an int in 1..{STORE_KEEP_MAX} (got {keep!r})")
         self.path = os.fspath(path)
+        if isinstance(self.path, str) and self.path.startswith(("s3://", "memory://")):
+            raise InvalidArgument(f"{self.path!r} is an object store URL, not a directory: "
+                                  f"keep checkpoints there with ObjectCheckpointStore")
         self.keep = keep
         if not readonly:
             os.makedirs(self.path, exist_ok=True)

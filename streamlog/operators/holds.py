@@ -8,7 +8,16 @@ current position would need (`OperatorRuntime.required_positions`); `Holds` move
 holds forward to them, at most every HOLD_INTERVAL_S seconds (each move is two fsyncs),
 and only when they changed. A hold is named by the operator's output (one writer per
 output partition) and the output log's location, so two jobs that write streams of the
-same name in different logs keep holds of their own (`default_hold_name`).
+same name in different logs keep holds of their own (`default_hold_name`). A tiered
+output (DESIGN 11: `open_log(dir, remote=URL)`) is named by its store URL, not by its
+directory, so an operator recovered on another machine, in another directory, moves the
+same holds instead of leaving one behind for every directory it ever ran in.
+
+An input read straight from an object store (`open_log("s3://...")`) keeps no holds: a
+hold is a file in a partition directory, which a reader of the store does not have
+(the input's retention is its writer's). No input hold is taken there (`can_hold`): an
+exact recovery then needs the input to still be in the store, and `DataLossError` says
+when it is not.
 
 Thread-safety: the runtime's thread moves and releases the holds.
 """
@@ -21,14 +30,32 @@ from typing import Callable
 import xxhash
 
 HOLD_INTERVAL_S = 1.0  # how often the durable holds move forward (each is two fsyncs)
+STORE_SCHEMES = ("s3://", "memory://")  # a log read from a store has its URL as its path
 
 
 def default_hold_name(output_log, stream: str, partition: int) -> str:
     """operator.STREAM.P.DIGEST: the output names the operator (one writer per output
     partition); the digest of the output log's location keeps two jobs that write
     streams of the same name in different logs apart."""
-    where = getattr(output_log, "url", None) or os.path.abspath(str(output_log.path))
+    where = getattr(output_log, "url", None) or store_url(output_log) or os.path.abspath(
+        str(output_log.path))
     return f"operator.{stream}.{partition}.{xxhash.xxh32_hexdigest(where.encode())}"
+
+
+def store_url(log_) -> str | None:
+    """The object store URL a local log is tiered to (or read from), else None."""
+    info = getattr(log_, "info", None)
+    if info is None:
+        return None
+    remote = info().get("remote")
+    return None if remote is None else remote.get("url")
+
+
+def can_hold(log_) -> bool:
+    """False for a log read straight from an object store (its `path` is the store's
+    URL): it has no partition directory to keep a hold file in."""
+    path = getattr(log_, "path", None)
+    return not (isinstance(path, str) and path.startswith(STORE_SCHEMES))
 
 
 class Holds:
@@ -49,6 +76,7 @@ class Holds:
         self.clock = clock
         self.held: tuple[int | None, int | None] = (None, None)
         self._due = 0.0
+        self.input_holds = can_hold(input_log)  # (module docstring: a store's readers)
 
     def update(self, required: Callable[[], tuple[int | None, int | None]], *,
                force: bool = False) -> None:
@@ -61,6 +89,8 @@ class Holds:
         need_in, need_out = required()
         held_in, held_out = self.held
         # (a log through a daemon holds too: hold is part of the API, api.LogAPI)
+        if not self.input_holds:
+            need_in = None
         if need_in is not None and need_in != held_in:
             self.input_log.hold(self.input_stream, self.input_partition, self.name, need_in)
         if need_out is not None and need_out != held_out:
@@ -70,9 +100,9 @@ class Holds:
 
     def release(self) -> None:
         """Drop both holds (the operator is retired: nothing will recover it)."""
-        for log_, stream, partition in ((self.input_log, self.input_stream,
-                                         self.input_partition),
-                                        (self.output_log, self.output_stream,
-                                         self.output_partition)):
+        places = [(self.output_log, self.output_stream, self.output_partition)]
+        if self.input_holds:
+            places.insert(0, (self.input_log, self.input_stream, self.input_partition))
+        for log_, stream, partition in places:
             log_.release_hold(stream, partition, self.name)
         self.held = (None, None)

@@ -16,7 +16,7 @@ Recovery (`recover()`), by how the operator is checkpointed:
     operator.recovers_from_output       CEC: the operator rebuilds its eventual checkpoint
                                         from the output log, truncates what it must, and
                                         names the input offset to replay from
-    a CheckpointStore is given          CRB: the newest checkpoint whose output offset the
+    a checkpoint store is given         CRB: the newest checkpoint whose output offset the
                                         output still holds; reset(); forget the output
                                         after it; replay the input from its offset
     neither, or no usable checkpoint    reset_to_initial_state(); forget all output;
@@ -28,6 +28,20 @@ regenerated records are counted off and not appended again (both exact, because 
 operator is deterministic: same input, same records). After the reset, recovery replays
 the input up to the input end it found (where the crashed run may have got to) and
 reports its progress (`recovery_report.py`); `run()` then continues live.
+
+Recovering on another machine (DESIGN 11): give the runtime logs and a store that live
+in an object store, and nothing else changes. The output is a tiered log with
+durability "remote", `open_log(DIR, remote=URL, durability="remote")`: each output
+append returns only once a committed manifest generation holds it, so every position
+note and footprint the runtime wrote, and every output offset a checkpoint names, is in
+the store; an open of an empty or new DIR restores the log from the store (fencing the
+lost writer) and recovery runs on it as on the old directory. The input is read from
+the store (`open_log(URL)`, read-only; it keeps no holds: holds.py) or is a tiered log
+of its own. CRB keeps its checkpoints in an `ObjectCheckpointStore(URL)`
+(checkpoint_objects.py), which a checkpoint is written to only after the output it
+covers is acknowledged, hence in the store. (With durability "local" the store may lag
+the output; recovery is still exact, from an older checkpoint or a longer replay, or
+raises DataLossError when the input that needs is gone.)
 
 Operator contract: `process_chunk` must be a deterministic function of the state and
 the chunk, and output timestamps must come from the input (never the clock): that is
@@ -55,6 +69,7 @@ from .alignment import (NOTE_KEY, NOTE_KIND, Facts, Plan, fitting_checkpoint, la
                         note_value, plan_recovery, report_plan)
 from .checkpoint import Checkpointer
 from .checkpoint_policy import CheckpointMode, CheckpointPolicy, CheckpointRequest
+from .checkpoint_objects import ObjectCheckpointStore
 from .checkpoint_store import CheckpointStore
 from .checkpoint_value import Checkpoint
 from .holds import Holds, default_hold_name
@@ -83,6 +98,9 @@ class OperatorRuntime:
 
     Args:
         checkpointing: a CheckpointPolicy for CRB (requires `store`); None for none.
+        store: where CRB's checkpoints are kept: a CheckpointStore (LMDB files in a
+            local directory) or an ObjectCheckpointStore (an object store, for an
+            operator that recovers on another machine: module docstring).
         output_mode: "truncate" (forget output after the checkpoint and regenerate it) or
             "skip" (keep it; replay with the output suppressed).
         chunk_records: records per chunk (one output append per chunk).
@@ -94,7 +112,10 @@ class OperatorRuntime:
             retained input with a fresh state, logging the offsets lost (False).
         hold_input: keep a durable hold on the input (Log.hold) at the oldest offset a
             recovery would need, so that retention never removes it (DESIGN 2); CEC
-            operators also hold their output's extent. `hold_name` names it.
+            operators also hold their output's extent. `hold_name` names it (by
+            default after the output: its store URL when it is tiered, else its
+            directory). An input read straight from an object store keeps no holds
+            (holds.py): none is taken there.
         stateless: the operator keeps no state between records, so recovery resumes at
             the last position note without replaying (default: the operator's own
             `stateless` attribute, else False).
@@ -103,7 +124,8 @@ class OperatorRuntime:
     def __init__(self, operator, *, input_log, input_stream: str, output_log,
                  output_stream: str, input_partition: int = 0, output_partition: int = 0,
                  checkpointing: CheckpointPolicy | None = None,
-                 store: CheckpointStore | None = None, output_mode: str = "truncate",
+                 store: CheckpointStore | ObjectCheckpointStore | None = None,
+                 output_mode: str = "truncate",
                  chunk_records: int = 1024, progress: Callable | None = DEFAULT_PROGRESS,
                  fail_on_data_loss: bool = True, hold_input: bool = True,
                  hold_name: str | None = None, stateless: bool | None = None,
@@ -119,7 +141,8 @@ class OperatorRuntime:
             raise InvalidArgument(f"chunk_records must be an int in 1..{CHUNK_RECORDS_MAX}")
         if checkpointing is not None and checkpointing.mode is not CheckpointMode.DISABLED and (
                 store is None):
-            raise InvalidArgument("checkpointing needs a CheckpointStore")
+            raise InvalidArgument("checkpointing needs a store: a CheckpointStore or an "
+                                  "ObjectCheckpointStore")
         if not isinstance(fail_on_data_loss, bool):
             raise InvalidArgument(f"fail_on_data_loss must be True or False "
                                   f"(got {fail_on_data_loss!r})")
