@@ -29,7 +29,8 @@ from .txn import TxnState
 
 # The operator layer (streamlog.operators) is exported here too, imported on first use:
 # it loads Arrow compute and msgpack, which a plain append or read does not need.
-_OPERATOR_NAMES = ("OperatorRuntime", "CheckpointStore", "CheckpointPolicy",
+_OPERATOR_NAMES = ("OperatorRuntime", "CheckpointStore", "ObjectCheckpointStore",
+                   "CheckpointPolicy",
                    "AggregateOperator", "WindowSpec", "CECPolicy", "read_aggregate_results",
                    "WindowedOperator", "Tumbling", "Hopping", "Sliding",
                    "read_window_results")
