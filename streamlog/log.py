@@ -138,8 +138,10 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             raise
 
     def _all_partitions(self) -> list[Partition]:
-        with self._lock:
-            return [part for partitions in self._streams.values() for part in partitions]
+        """Every open partition, without the log's lock: the tiering job asks while
+        close() holds it and waits for the job (a snapshot of the dict; list() of its
+        values is one step)."""
+        return [part for partitions in list(self._streams.values()) for part in partitions]
 
     # -- directory, lock, streams ---------------------------------------------------
 

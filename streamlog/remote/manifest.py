@@ -35,6 +35,7 @@ VERSION = 1
 PREFIX = "manifest/"
 TAKE_OVER_ATTEMPTS = 20  # commits lost to racing openers before take_over gives up
 DELTA_CHAIN_MAX = 64  # a generation is written whole at least this often
+NEWER_BATCH = 16  # generations a poll that found some fetches at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,18 +292,33 @@ def read(store, generation: int) -> Manifest:
 
 
 def newer(store, manifest: Manifest) -> Manifest:
-    """The newest generation after `manifest` (itself when there is none), found by
-    asking for the next generations' keys one by one: a poll costs one GET when
-    nothing changed, and no listing of every generation."""
+    """The newest generation after `manifest` (itself when there is none): one GET of
+    the next generation's key when nothing changed (no listing of every generation);
+    when something did, the following ones are fetched NEWER_BATCH at a time."""
     current = manifest
-    while True:
-        key = key_of(current.generation + 1)
-        try:
-            data = store.get(key)
-        except ObjectNotFound:
-            return current
-        found = decode_object(data, key)
-        current = apply(current, found) if isinstance(found, Delta) else found
+    found = _get_generation(store, current.generation + 1)
+    if found is None:
+        return current
+    current = _step(current, found)
+    with concurrent.futures.ThreadPoolExecutor(NEWER_BATCH) as pool:
+        while True:
+            wanted = range(current.generation + 1, current.generation + 1 + NEWER_BATCH)
+            for found in pool.map(lambda g: _get_generation(store, g), wanted):
+                if found is None:
+                    return current
+                current = _step(current, found)
+
+
+def _get_generation(store, generation: int) -> Manifest | Delta | None:
+    key = key_of(generation)
+    try:
+        return decode_object(store.get(key), key)
+    except ObjectNotFound:
+        return None
+
+
+def _step(current: Manifest, found: Manifest | Delta) -> Manifest:
+    return apply(current, found) if isinstance(found, Delta) else found
 
 
 def commit(store, manifest: Manifest, prior: Manifest | None = None) -> Manifest:

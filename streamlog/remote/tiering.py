@@ -37,13 +37,17 @@ import threading
 import time
 
 from ..clock import SYSTEM_CLOCK
-from ..errors import Fenced, LogClosed, PartitionFailed, ReadOnlyLog, StoreError
+from ..errors import (Fenced, LogClosed, ObjectNotFound, PartitionFailed, ReadOnlyLog,
+                      StoreError)
 from . import manifest as manifests
 from .group_commit import AckGate, tail_runs
 from .manifest import Manifest, PartitionManifest, TailPiece
 from .segment_object import upload
 
 log = logging.getLogger("streamlog.remote")
+
+PRUNE_EVERY_S = 60.0  # how often a writer looks for manifest generations to delete
+PRUNE_MAX = 1000  # generations deleted per look
 
 
 class Tiering:
@@ -66,6 +70,7 @@ class Tiering:
             if durability == "remote" else None
         self._urgent = False
         self._full_due = 0.0  # monotonic time of the next full round
+        self._prune_due = 0.0  # monotonic time of the next look for old generations
         self._partitions = partitions
         self.interval_s = interval_s
         self.lag_max_s = lag_max_s  # seal an active segment older than this (None: never)
@@ -212,6 +217,7 @@ class Tiering:
             proposed = tail_bytes[0]
         if full:
             proposed = self._sweep(proposed)
+            self._prune_manifests()
         if uploaded or tail_bytes is not None or streams != current.streams or (
                 proposed.garbage != current.garbage):
             proposed = self._with_garbage(current, dataclasses.replace(
@@ -369,6 +375,26 @@ class Tiering:
         return dataclasses.replace(proposed, garbage=(
             *proposed.garbage, *((key, after) for key in sorted(dropped))))
 
+    def _prune_manifests(self) -> None:
+        """Delete manifest generations older than the grace period that the current
+        chain does not start from (at most PRUNE_MAX a round, one LIST at most every
+        PRUNE_EVERY_S): the listing that opens and take-overs do stays bounded."""
+        now = self.clock.monotonic_s()
+        if now < self._prune_due:
+            return
+        self._prune_due = now + PRUNE_EVERY_S
+        keep_from = self.manifest.based_on or self.manifest.generation
+        before_us = self.clock.wall_us() - int(self.grace_s * 1e6)
+        old = []
+        for meta in self.store.list(manifests.PREFIX.rstrip("/")):
+            generation = manifests.generation_of(meta.key)
+            if generation is not None and generation < keep_from and (
+                    meta.last_modified_us < before_us):
+                old.append(meta.key)
+        for key in old[:PRUNE_MAX]:
+            self.store.delete(key)
+            self.stats["deleted"] += 1
+
     def _sweep(self, proposed: Manifest) -> Manifest:
         """Delete the garbage whose grace period is over; `proposed` without it."""
         now = self.clock.wall_us()
@@ -382,15 +408,23 @@ class Tiering:
             item for item in proposed.garbage if item[1] > now))
 
     def _check_not_taken_over(self) -> None:
-        """Fenced (for good) when a newer writer has committed a generation with a
-        higher epoch: each round looks, so an older writer learns of a take-over within
-        one interval even when it has nothing to upload (one LIST and one GET)."""
-        newest = manifests.latest(self.store)
-        if newest is not None and newest.epoch > self.manifest.epoch:
+        """Fenced (for good) when a newer writer has committed a generation after this
+        writer's latest: each full round looks (one GET of the next generation's key),
+        so an older writer learns of a take-over within one interval even when it has
+        nothing to upload."""
+        key = manifests.key_of(self.manifest.generation + 1)
+        try:
+            found = manifests.decode_object(self.store.get(key), key)
+        except ObjectNotFound:
+            return
+        if found.epoch > self.manifest.epoch:
             self.fenced = True
-            raise Fenced(f"the log was taken over by a newer writer (epoch {newest.epoch}, "
-                         f"{newest.writer}); this writer (epoch {self.manifest.epoch}) "
+            raise Fenced(f"the log was taken over by a newer writer (epoch {found.epoch}, "
+                         f"{found.writer}); this writer (epoch {self.manifest.epoch}) "
                          f"stops")
+        raise StoreError(f"generation {found.generation} was committed by another writer "
+                         f"of epoch {found.epoch} (this one's is {self.manifest.epoch})",
+                         key=key)
 
     def _upload_partition(self, proposed: Manifest, part) -> tuple[Manifest, int, int]:
         state = part.state

@@ -92,6 +92,10 @@ osd data = {workdir}/osd/$cluster-$id
 
 [osd]
 osd objectstore = memstore
+# memstore's capacity (its default is 1 GiB, and radosgw frees deleted objects only
+# hours later: a benchmark or a long test session would fill it, and every PUT would
+# then hang until its timeout). Memory is used as data arrives, not up front.
+memstore device bytes = 8589934592
 # memstore saves its contents only on a full (slow) shutdown.
 osd fast shutdown = false
 

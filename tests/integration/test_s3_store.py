@@ -510,3 +510,35 @@ def test_a_deleted_directory_is_restored_from_the_real_store(tmp_path, s3_server
         assert log.info()["restored"]["lost"] == {
             f"s/{n}": [ends[n], local_ends[n]] for n in range(2) if local_ends[n] > ends[n]}
         assert log.append_sync("s", b"after", partition=0).offset == ends[0]
+
+
+@pytest.mark.xdist_group("s3")
+def test_retention_and_truncate_through_generations_on_the_real_store(tmp_path, s3_server):
+    """Retention moves the store's start and truncate_after cuts its copy, each in a new
+    generation; a reader of the store then reads what the local log reads, and the
+    dropped objects are deleted after the grace period."""
+    import streamlog
+    url = s3_server.url(s3_server.new_prefix())
+    with streamlog.open_log(tmp_path / "log", remote=url, durability="remote",
+                            storage_options=s3_server.storage_options, fsync="never",
+                            segment_bytes_max=4096, retention_bytes=10_000,
+                            remote_grace_s=0.5) as log:
+        log.create_stream("s")
+        for i in range(400):
+            log.append_sync("s", b"%05d" % i + b"." * 60, timestamp_us=1000 + i)
+        log.tiering.run_once()
+        assert log.apply_retention()
+        log.truncate_after("s", 0, 350)
+        expected = [(r.offset, r.value) for r in log.reader("s", 0)]
+        start = log.start_offset("s", 0)
+        with streamlog.open_log(url, storage_options=s3_server.storage_options) as view:
+            assert view.start_offset("s", 0) == start > 0
+            assert [(r.offset, r.value) for r in view.reader("s", 0)] == expected
+            assert view.offset_for_timestamp("s", 0, 1000) == start
+        store = S3Store.from_url(url, s3_server.storage_options, environ={})
+        dropped = [key for key, _ in manifest.latest(store).garbage]
+        assert dropped
+        time.sleep(0.6)
+        log.tiering.run_once()
+        remaining = {meta.key for meta in store.list()}
+        assert not set(dropped) & remaining

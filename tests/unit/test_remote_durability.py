@@ -211,3 +211,29 @@ def test_closing_commits_what_is_queued_and_fails_nothing_the_store_took():
     thread.join(30)
     assert not thread.is_alive() and len(results) == 50
     assert store_end(bucket, "s/0") == 50
+
+
+def test_seeks_by_time_are_exact_across_segment_objects_and_tail_pieces():
+    """The store holds the oldest segments whole and the rest as tail pieces: a view's
+    seek by time (DESIGN 5, by the running max of timestamps that go back now and
+    then) gives the local log's answer for every timestamp, on both sides of that
+    boundary and across it."""
+    bucket = MemoryBucket()
+    with open_remote(bucket) as log:
+        log.create_stream("s", 1)
+        for i in range(500):
+            log.append_sync("s", b"%05d" % i + b"-" * 40,
+                            timestamp_us=1_000_000 + 10 * i - (45 if i % 7 == 3 else 0))
+        log.tiering.run_once()  # sealed segments whole; the active one stays in pieces
+        part = manifests.latest(MemoryStore(bucket)).partitions["s/0"]
+        assert part.segments and part.tail
+        boundary = part.sealed_end
+        with streamlog.open_log(MemoryStore(bucket)) as view:
+            assert view.end_offset("s", 0) == log.end_offset("s", 0)
+            for t in range(1_000_000 - 60, 1_000_000 + 5_060, 3):
+                assert view.offset_for_timestamp("s", 0, t) == log.offset_for_timestamp(
+                    "s", 0, t), t
+            first = next(iter(view.reader("s", 0, from_offset=boundary - 2)))
+            assert first.offset == boundary - 2
+            assert [r.offset for r in view.reader("s", 0, from_offset=boundary - 2)] == list(
+                range(boundary - 2, 500))

@@ -143,3 +143,33 @@ def test_a_cut_into_a_segment_the_store_has_whole_keeps_every_record_below_it():
         assert [(r.offset, r.value) for r in restored.reader("s", 0)] == expected
         assert restored.info()["restored"]["lost"] == {}
     log.tiering.close()
+
+
+def test_old_manifest_generations_are_pruned_after_the_grace_period():
+    """Generations older than the grace period, before the one the current chain
+    starts from, are deleted, so listing them (an open, a take-over) stays bounded;
+    the newest generation still reads whole, from a view and from a restore."""
+    from streamlog.remote import tiering as tiering_module
+    bucket = MemoryBucket()
+    store = MemoryStore(bucket)
+    log = open_tiered(bucket, "remote", remote_grace_s=0.05)
+    by_hand(log)
+    log.create_stream("s", 1)
+    fill(log, 300)
+    log.tiering.run_once()  # (a whole generation: the chain starts there)
+    fill(log, 50, 300)
+    before = [meta.key for meta in store.list("manifest")]
+    time.sleep(0.1)
+    log.tiering._prune_due = 0.0
+    base = log.tiering.manifest.based_on  # where the chain started when it pruned
+    log.tiering.run_once()
+    after = [meta.key for meta in store.list("manifest")]
+    assert len(after) < len(before) / 2
+    assert all(manifests.generation_of(key) >= base for key in after), (base, after)
+    assert manifests.latest(store) == log.tiering.manifest
+    expected = [(r.offset, r.value) for r in log.reader("s", 0)]
+    same_as_local(log, bucket)
+    with open_tiered(bucket, "remote") as restored:
+        assert [(r.offset, r.value) for r in restored.reader("s", 0)] == expected
+    log.tiering.close()
+    assert tiering_module.PRUNE_MAX >= 100
