@@ -95,6 +95,15 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def add_ratios(figures: dict, ratios: dict[str, tuple[str, str]]) -> None:
+    """figures[name] = figures[numerator] / figures[denominator] for each of `ratios`
+    (name -> (numerator, denominator)) whose figures were measured."""
+    for name, (numerator, denominator) in ratios.items():
+        value = ratio(figures.get(numerator), figures.get(denominator))
+        if value is not None:
+            figures[name] = value
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -86,8 +86,9 @@ if os.environ.get("PYTHONPATH"):  # another version's code first (bench/reopen.p
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
     DEFAULT_WORKDIR, finish, GiB, MiB, Row, Stopwatch, Target, attempt, dir_bytes, fresh_dir,
-    median, phase, print_table, print_targets, progress, rate, ratio, remove, timed,
+    median, phase, print_table, print_targets, progress, rate, remove, timed,
     write_results)
+import _common  # noqa: E402
 
 STREAM = "events"
 KEY_BYTES = 16
@@ -792,10 +793,7 @@ TARGETS = [
 
 
 def add_ratios(figures: dict) -> None:
-    for name, (numerator, denominator) in RATIOS.items():
-        value = ratio(figures.get(numerator), figures.get(denominator))
-        if value is not None:
-            figures[name] = value
+    _common.add_ratios(figures, RATIOS)
 
 
 def report(figures: dict) -> None:

@@ -67,8 +67,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, finish, Row, Stopwatch, Target, attempt, fresh_dir, median, phase,
-    print_table, print_targets, progress, rate, ratio, remove, write_results)
+    DEFAULT_WORKDIR, finish, Row, Stopwatch, Target, add_ratios, attempt, fresh_dir, median,
+    phase, print_table, print_targets, progress, rate, remove, write_results)
 from core import BATCH, KEY_BYTES, VALUE_BYTES, Dataset, batches, make_dataset  # noqa: E402
 
 STREAM = "events"
@@ -590,10 +590,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
             if args.workdir.resolve() == DEFAULT_WORKDIR:
                 with contextlib.suppress(OSError):
                     DEFAULT_WORKDIR.rmdir()
-    for name, (numerator, denominator) in RATIOS.items():
-        value = ratio(figures.get(numerator), figures.get(denominator))
-        if value is not None:
-            figures[name] = value
+    add_ratios(figures, RATIOS)
     return figures, failures
 
 

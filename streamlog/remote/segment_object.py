@@ -167,22 +167,44 @@ def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
     """Put a sealed segment (`data`, the local file's bytes) and its index object, and
     return `manifest` with the segment added to the partition (the same generation:
     commit its `successor()`, after any other uploads of the round). The segment must
-    continue the partition's committed end."""
-    current = manifest.partitions.get(partition, PartitionManifest())
-    held = bool(current.segments or current.tail)
-    if held and base_offset != current.sealed_end:
-        raise ValueError(f"segment {base_offset} of {partition} does not continue the "
-                         f"store's segment objects, which end at {current.sealed_end}")
-    key = segment_key(partition, base_offset, manifest.epoch)
+    continue the store's segment objects."""
+    check_continues(manifest, partition, base_offset)
+    return name_segment(manifest, partition, put_segment(
+        store, partition, data, base_offset=base_offset, hwm_before=hwm_before,
+        epoch=manifest.epoch))
+
+
+def put_segment(store, partition: str, data, *, base_offset: int, hwm_before: int | None,
+                epoch: int) -> SegmentObject:
+    """Put a sealed segment and its index object; its SegmentObject, which no
+    generation names yet (name_segment)."""
+    key = segment_key(partition, base_offset, epoch)
     segment, index = describe(data, key=key, base_offset=base_offset, hwm_before=hwm_before)
     store.put(key, bytes(data))
     store.put(segment.index_key, index)
-    start = current.start_offset if held else base_offset
-    # the segment's tail pieces (durability remote) leave: the object holds their bytes
+    return segment
+
+
+def check_continues(manifest: Manifest, partition: str, base_offset: int) -> None:
+    """ValueError unless a segment at `base_offset` continues the store's segment
+    objects of the partition (any base does when it holds none)."""
+    current = manifest.partitions.get(partition, PartitionManifest())
+    if (current.segments or current.tail) and base_offset != current.sealed_end:
+        raise ValueError(f"segment {base_offset} of {partition} does not continue the "
+                         f"store's segment objects, which end at {current.sealed_end}")
+
+
+def name_segment(manifest: Manifest, partition: str, segment: SegmentObject) -> Manifest:
+    """`manifest` with the uploaded `segment` added to the partition, replacing its
+    tail pieces (durability remote: the object holds their bytes)."""
+    check_continues(manifest, partition, segment.base_offset)
+    current = manifest.partitions.get(partition, PartitionManifest())
+    held = bool(current.segments or current.tail)
     updated = dataclasses.replace(
-        current, start_offset=start,
+        current, start_offset=current.start_offset if held else segment.base_offset,
         committed_end=max(current.committed_end, segment.end_offset),
         segments=(*current.segments, segment),
-        tail=tuple(piece for piece in current.tail if piece.segment_base != base_offset))
+        tail=tuple(piece for piece in current.tail
+                   if piece.segment_base != segment.base_offset))
     return dataclasses.replace(manifest, partitions={**manifest.partitions,
                                                      partition: updated})

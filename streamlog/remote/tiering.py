@@ -42,7 +42,7 @@ from ..errors import (Fenced, LogClosed, ObjectNotFound, PartitionFailed, ReadOn
 from . import manifest as manifests
 from .group_commit import AckGate, tail_runs
 from .manifest import Manifest, PartitionManifest, TailPiece
-from .segment_object import upload
+from .segment_object import name_segment, put_segment
 
 log = logging.getLogger("streamlog.remote")
 
@@ -71,6 +71,13 @@ class Tiering:
         self._urgent = False
         self._full_due = 0.0  # monotonic time of the next full round
         self._prune_due = 0.0  # monotonic time of the next look for old generations
+        # sealed segments put but not yet named: partition -> [(SegmentObject, hwm
+        # before it)], in offset order
+        self._ready: dict[str, list] = {}
+        self._ready_lock = threading.Lock()
+        self._upload_lock = threading.Lock()
+        self._upload_wake = threading.Event()
+        self._uploader: threading.Thread | None = None
         self._partitions = partitions
         self.interval_s = interval_s
         self.lag_max_s = lag_max_s  # seal an active segment older than this (None: never)
@@ -97,6 +104,9 @@ class Tiering:
         if self.gate is not None:  # acks time out even while a round is stuck
             threading.Thread(target=self._expire_acks, daemon=True,
                              name="streamlog-ack-timeouts").start()
+            self._uploader = threading.Thread(target=self._upload_loop, daemon=True,
+                                              name="streamlog-uploader")
+            self._uploader.start()
         return self
 
     def _expire_acks(self) -> None:
@@ -107,6 +117,7 @@ class Tiering:
 
     def wake(self) -> None:
         """Run a round now (a segment was sealed)."""
+        self._upload_wake.set()
         self._wake.set()
 
     def close(self) -> None:
@@ -115,9 +126,13 @@ class Tiering:
         with LogClosed when even that does not take them."""
         self._stopping = True
         self._wake.set()
+        self._upload_wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._uploader is not None:
+            self._uploader.join()
+            self._uploader = None
         gate = self.gate
         if gate is None or not gate.waiting():
             return
@@ -178,16 +193,18 @@ class Tiering:
 
     # -- a round -----------------------------------------------------------------------
 
-    def run_once(self, *, full: bool = True) -> int:
-        """A round: when `full`, look for a take-over, seal idle segments and upload
-        every sealed segment the store lacks; under durability "remote", commit the
-        tail too. One generation names all of it. Returns how many segments went up.
-        Raises Fenced, StoreError."""
+    def run_once(self, *, full: bool = True, inline: bool = True) -> int:
+        """A round: when `full`, look for a take-over, seal idle segments and name the
+        sealed segments the store has got (putting, when `inline`, those it lacks:
+        under durability "remote" the background job leaves that to its uploader
+        thread, so a large segment never holds up a tail commit); under "remote",
+        commit the tail too. One generation names all of it. Returns how many segments
+        it named. Raises Fenced, StoreError."""
         with self._round_lock:
             if self.fenced:
                 raise Fenced("a newer writer took this log over in the store")
             try:
-                return self._round(full)
+                return self._round(full, inline)
             except Fenced as error:
                 self.fenced = True
                 if self.gate is not None:
@@ -197,7 +214,7 @@ class Tiering:
                 if self.gate is not None:
                     self.gate.committed()  # releases what the store has, expires the rest
 
-    def _round(self, full: bool) -> int:
+    def _round(self, full: bool, inline: bool = True) -> int:
         if full:
             self._check_not_taken_over()
         current = self.manifest
@@ -209,7 +226,9 @@ class Tiering:
             stream, _, number = part.name.rpartition("/")
             streams[stream] = max(streams.get(stream, 0), int(number) + 1)
             if full:
-                proposed, count, nbytes = self._upload_partition(proposed, part)
+                if inline:
+                    self._put_sealed(part, current)
+                proposed, count, nbytes = self._name_ready(proposed, part)
                 uploaded += count
                 self.stats["bytes"] += nbytes
         tail_bytes = self._add_tail(proposed, parts) if self.gate is not None else None
@@ -225,6 +244,7 @@ class Tiering:
                     **proposed.partitions, **{
                         part.name: self._with_local_end(proposed, part) for part in parts}}))
             self.manifest = manifests.commit(self.store, proposed.successor(), current)
+            self._forget_named()
             self.stats["commits"] += 1
             self.stats["puts"] += 1
             if tail_bytes is not None:
@@ -318,10 +338,13 @@ class Tiering:
         segment objects and tail pieces past it leave (the cut segment goes up again
         once it seals, or as tail pieces under durability "remote"). Acks still held
         for records past it fail."""
-        with self._round_lock:
+        with self._round_lock, self._upload_lock:
             if self.fenced:
                 raise Fenced("a newer writer took this log over in the store")
             end = truncate()
+            with self._ready_lock:  # segments put but not named that the cut changed
+                self._ready[part.name] = [item for item in self._ready.get(part.name, [])
+                                          if item[0].end_offset <= end]
             current = self.manifest
             found = current.partitions.get(part.name)
             if self.gate is not None:
@@ -426,33 +449,92 @@ class Tiering:
                          f"of epoch {found.epoch} (this one's is {self.manifest.epoch})",
                          key=key)
 
-    def _upload_partition(self, proposed: Manifest, part) -> tuple[Manifest, int, int]:
-        state = part.state
-        remote = proposed.partitions.get(part.name, PartitionManifest())
+    # -- sealed segments: put (inline, or by the uploader thread), then named ------------
+
+    def _put_sealed(self, part, manifest: Manifest) -> int:
+        """Put the partition's sealed segments that neither the store (as `manifest`
+        says) nor the ready list has, in offset order, onto the ready list. Returns how
+        many. Raises StoreError (a gap the store cannot be given, or the store)."""
+        count = 0
+        with self._upload_lock:  # (a truncate waits: no segment changes while it goes up)
+            remote = manifest.partitions.get(part.name, PartitionManifest())
+            held = bool(remote.segments or remote.tail)
+            state = part.state
+            for segment in state.segments[:-1]:  # the sealed ones
+                with self._ready_lock:
+                    ready = self._ready.setdefault(part.name, [])
+                    last = ready[-1][0] if ready else None
+                end = last.end_offset if last else (remote.sealed_end if held else None)
+                if end is not None and segment.base_offset < end:
+                    continue  # the store has it, or it is ready
+                if end is not None and segment.base_offset != end:
+                    raise StoreError(f"{part.name}: the store's segments end at {end} but "
+                                     f"the next local segment starts at "
+                                     f"{segment.base_offset}: a gap the store cannot be "
+                                     f"given", key=None)
+                hwm_before = last.hwm_us if last else (
+                    remote.segments[-1].hwm_us if remote.segments else state.start_hwm_us)
+                data = segment.read(0, segment.size_bytes)
+                uploaded = put_segment(self.store, part.name, data,
+                                       base_offset=segment.base_offset,
+                                       hwm_before=hwm_before, epoch=manifest.epoch)
+                self.stats["puts"] += 2
+                with self._ready_lock:
+                    self._ready[part.name].append((uploaded, hwm_before))
+                count += 1
+        return count
+
+    def _name_ready(self, proposed: Manifest, part) -> tuple[Manifest, int, int]:
+        """`proposed` naming the ready segments that continue the store's segment
+        objects, in order; (it, how many, their bytes)."""
+        with self._ready_lock:
+            ready = list(self._ready.get(part.name, ()))
         count = nbytes = 0
-        for segment in state.segments[:-1]:  # the sealed ones
-            end = remote.sealed_end if (remote.segments or remote.tail) else None
-            if end is not None and segment.base_offset < end:
-                continue  # the store has it
-            if end is not None and segment.base_offset != end:
-                raise StoreError(f"{part.name}: the store's segments end at {end} but the "
-                                 f"next local "
-                                 f"segment starts at {segment.base_offset}: a gap the "
-                                 f"store cannot be given", key=None)
-            hwm_before = remote.segments[-1].hwm_us if remote.segments else (
-                state.start_hwm_us)
-            data = segment.read(0, segment.size_bytes)
-            proposed = upload(self.store, proposed, part.name, data,
-                              base_offset=segment.base_offset, hwm_before=hwm_before)
+        for uploaded, hwm_before in ready:
+            remote = proposed.partitions.get(part.name, PartitionManifest())
+            held = bool(remote.segments or remote.tail)
+            if held and uploaded.base_offset != remote.sealed_end:
+                if uploaded.base_offset < remote.sealed_end:
+                    continue  # named already
+                break
+            proposed = name_segment(proposed, part.name, uploaded)
             if not remote.segments:  # the first: where the store's copy starts
                 first = proposed.partitions[part.name]
                 proposed = dataclasses.replace(proposed, partitions={
                     **proposed.partitions,
                     part.name: dataclasses.replace(first, start_hwm_us=hwm_before)})
-            remote = proposed.partitions[part.name]
             count += 1
-            nbytes += len(data)
+            nbytes += uploaded.size
         return proposed, count, nbytes
+
+    def _forget_named(self) -> None:
+        """After a commit: the ready segments it named leave the ready list."""
+        with self._ready_lock:
+            for name, ready in self._ready.items():
+                found = self.manifest.partitions.get(name)
+                end = found.sealed_end if found is not None and found.segments else -1
+                ready[:] = [item for item in ready if item[0].end_offset > end]
+
+    def _upload_loop(self) -> None:
+        """Durability "remote": put sealed segments off the committing thread."""
+        reported = None
+        while not self._stopping:
+            self._upload_wake.wait(self.interval_s)
+            self._upload_wake.clear()
+            try:
+                put = sum(self._put_sealed(part, self.manifest)
+                          for part in list(self._partitions()))
+                reported = None
+            except (StoreError, OSError) as error:
+                if type(error) is not reported:
+                    log.warning("uploading sealed segments to %s: %s", getattr(
+                        self.store, "url", "the store"), error)
+                    reported = type(error)
+                self._upload_wake.wait(self.retry_s)
+                continue
+            if put:
+                self._full_due = 0.0  # name them in the next round
+                self._wake.set()
 
     def _run(self) -> None:
         reported: type | None = None
@@ -461,7 +543,7 @@ class Tiering:
             full = self.gate is None or started >= self._full_due
             wait = self.interval_s
             try:
-                self.run_once(full=full)
+                self.run_once(full=full, inline=self._uploader is None)
                 if full:
                     self._full_due = started + self.interval_s
                 self.error, reported = None, None
