@@ -98,6 +98,7 @@ CLAIMS = {
     # that each `./dev bench NAME` names one.
     "Benchmarks": "not run: benchmarks take minutes",
     "Kafka clients": "test_kafka_clients",
+    "Past one machine: the log in an object store": "test_past_one_machine",
 }
 
 
@@ -447,3 +448,31 @@ def test_kafka_clients(tmp_path, kcat):
         assert "# 0 b'user-1' b'/home' ..." in consume.text
     finally:
         stop(daemon)
+
+
+@pytest.mark.xdist_group("s3")
+def test_past_one_machine(tmp_path, s3_server):
+    """The store from the suite's server (what `./dev store` starts, with the variables
+    it prints), then the block as printed: a tiered log under durability remote, read,
+    info and verify from the store with no local state, the directory deleted and the
+    script run again (restored first, then two more records)."""
+    (block,) = section_blocks("Past one machine: the log in an object store")
+    first, rest = block.text.split("\n", 1)
+    assert first.startswith("./dev store") and "export AWS_ENDPOINT_URL" in first
+    give_venv(tmp_path)
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", rest], cwd=tmp_path,
+                          env={**ENV, **s3_server.env}, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    records = [line for line in out if line.startswith('{"stream": "clicks"')]
+    assert sorted(line.split('"value": ')[1] for line in records) == ['"/cart"}', '"/home"}']
+    assert any(line.startswith("store s3://streamlog/demo: manifest generation")
+               for line in out), out
+    assert any(line.startswith("verified 2 partitions") and line.endswith(": ok")
+               for line in out), out
+    import streamlog
+    with streamlog.open_log("s3://streamlog/demo",
+                            storage_options=s3_server.storage_options) as log:
+        values = sorted(r.value for n in range(2) for r in log.reader("clicks", n))
+    assert values == [b"/cart", b"/cart", b"/home", b"/home"]

@@ -59,8 +59,7 @@ def crashing_source():
             def append_in_txn(target, stream, number, runs, tag, batch, producer=None):
                 calls.append(number)
                 if self.point == "before-marker":  # as the commit begins it, then die
-                    txn_id = (target.new_txn_id() if producer is None
-                              else target.begin_txn(stream, number, *producer))
+                    txn_id = target.new_txn_id() if producer is None else producer.begin()
                     commit_module._append_runs(target, stream, number, runs, txn_id=txn_id)
                     die(self.driver_pid)
                 if self.point == "between-partitions" and len(calls) == 2:
