@@ -56,7 +56,8 @@ class RangeCache:
         self.block_bytes = block_bytes
         self.capacity_bytes = max(capacity_bytes, block_bytes)
         self.readahead = readahead
-        self._blocks: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()
+        self._blocks: collections.OrderedDict[tuple[str, int], memoryview] = (
+            collections.OrderedDict())
         self._bytes = 0
         self._last: dict[str, int] = {}  # key -> the last block read of it
         self._lock = threading.Lock()
@@ -91,30 +92,40 @@ class RangeCache:
             for b in missing:
                 if b in found:
                     found[b] = fetched[b]
-        if first == last:
-            start = position - first * block
-            return found[first][start:start + (end - position)]
-        joined = b"".join(found[b] for b in wanted)
         start = position - first * block
+        if first == last:
+            return bytes(found[first][start:start + (end - position)])
+        joined = b"".join(found[b] for b in wanted)  # (views: one copy, here)
         return joined[start:start + (end - position)]
 
-    def _fetch(self, key: str, object_size: int, blocks: list[int]) -> dict[int, bytes]:
+    def _fetch(self, key: str, object_size: int, blocks: list[int]) -> dict[int, memoryview]:
+        """Fetch `blocks` (ascending), each contiguous run of them with one ranged GET
+        (the manifest gives the size, so no range goes past the end and no HEAD is
+        needed); the blocks are views of what arrived, not copies."""
         block = self.block_bytes
-        ranges = [(b * block, min((b + 1) * block, object_size)) for b in blocks]
-        try:
-            datas = self.store.get_ranges(key, ranges)
-        except ObjectNotFound:
-            raise CorruptObject(key, ranges[0][0], "missing from the store, though a "
-                                "committed manifest generation names it") from None
-        self.stats["misses"] += len(blocks)
-        self.stats["requests"] += 1
-        fetched = {}
-        for b, (start, stop), data in zip(blocks, ranges, datas):
+        runs: list[list[int]] = []
+        for b in sorted(blocks):
+            if runs and runs[-1][-1] == b - 1:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        fetched: dict[int, memoryview] = {}
+        for run in runs:
+            start, stop = run[0] * block, min((run[-1] + 1) * block, object_size)
+            try:
+                data = self.store.get_range(key, start, stop)
+            except ObjectNotFound:
+                raise CorruptObject(key, start, "missing from the store, though a "
+                                    "committed manifest generation names it") from None
             if len(data) != stop - start:
                 raise CorruptObject(key, start + len(data), f"the object is shorter than "
                                     f"the {object_size} bytes its manifest says")
+            self.stats["requests"] += 1
             self.stats["bytes_fetched"] += len(data)
-            fetched[b] = bytes(data)
+            view = memoryview(data)
+            for b in run:
+                fetched[b] = view[b * block - start:min((b + 1) * block, object_size) - start]
+        self.stats["misses"] += len(blocks)
         with self._lock:
             for b, data in fetched.items():
                 if (key, b) not in self._blocks:
