@@ -11,8 +11,8 @@ of the JVM (on a cluster, each executor's), and, for a source registered with
 source Spark registered by itself does not get those in local mode).
 
 One generation per plan: a view shows one manifest generation at a time, and the
-poller that would move it on in the background is stopped at open (`open_store`), so
-everything the driver resolves for one plan (starts, ends, seeks by time, last stable
+view is opened with no poller to move it on in the background (`open_store`:
+remote_poll_ms=0), so everything the driver resolves for one plan (starts, ends, seeks by time, last stable
 offsets) and the segment objects it cuts the ranges at (`segment_layout`) come from
 the same generation; `refresh()` pins the newest (the streaming driver does at each
 trigger). Each partition's range is cut where its segment objects begin, so a split
@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import re
 
-from streamlog import InvalidArgument, StoreError, StoreUnavailable, StreamLogError
+from streamlog import InvalidArgument, LogNotFound, StoreError, StoreUnavailable, StreamLogError
 
 STORE_SCHEMES = ("s3://",)
 STORAGE_PREFIX = "storage."
@@ -82,7 +82,7 @@ def open_store(path: str, storage: tuple[tuple[str, str], ...] = (), **config):
     fields.
 
     Raises:
-        StreamLogError when the store holds no log at `path`, StoreUnavailable when the
+        LogNotFound when the store holds no log at `path`, StoreUnavailable when the
         store cannot be reached (after the store's retries), StoreError when it refuses
         (credentials, a missing bucket), InvalidArgument for a malformed URL or
         storage option. Each message names option 'path' and says where the endpoint
@@ -90,7 +90,8 @@ def open_store(path: str, storage: tuple[tuple[str, str], ...] = (), **config):
     """
     import streamlog
     try:
-        view = streamlog.open_log(path, storage_options=dict(storage) or None, **config)
+        view = streamlog.open_log(path, storage_options=dict(storage) or None,
+                                  **{"remote_poll_ms": 0, **config})  # held: refresh()
     except StoreUnavailable as error:
         raise StoreUnavailable(f"cannot reach the object store of {path} (option 'path'): "
                                f"{_first_line(error)}; {_WHERE_FROM}") from None
@@ -101,15 +102,10 @@ def open_store(path: str, storage: tuple[tuple[str, str], ...] = (), **config):
         if not storage:
             raise
         raise InvalidArgument(f"{_first_line(error)} (options storage.*)") from None
-    except StreamLogError as error:
-        # remote/view.py says so with a plain StreamLogError: "no log at URL: ...".
-        if type(error) is StreamLogError and str(error).startswith("no log at "):
-            raise StreamLogError(f"{_first_line(error)} (option 'path'): no log was tiered "
-                                 f"to this bucket and prefix (open_log(DIR, remote=URL) "
-                                 f"puts one there with its first sealed segment)") from None
-        raise
-    assert view.remote_view is not None, "an s3:// open is a view of the store"
-    view.remote_view.close()  # one generation until refresh(): see the module docstring
+    except LogNotFound as error:
+        raise LogNotFound(f"{_first_line(error)} (option 'path'): no log was tiered to "
+                          f"this bucket and prefix (open_log(DIR, remote=URL) puts one "
+                          f"there with its first sealed segment)") from None
     return view
 
 

@@ -13,7 +13,7 @@ from .api import LogAPI
 from .config import Compression, FsyncPolicy, LogConfig
 from .errors import (CorruptFrame, CorruptIndex, CorruptionError, CorruptObject,
                      CorruptSegment, DataLossError, Fenced, InvalidAppend, InvalidArgument,
-                     LogClosed, LogLocked, OffsetOutOfRange, PartitionFailed, ProducerFenced,
+                     LogClosed, LogLocked, LogNotFound, OffsetOutOfRange, PartitionFailed, ProducerFenced,
                      ReadOnlyLog, StoreBacklogFull, StoreError, StoreTimeout, StoreUnavailable,
                      StreamLogError, UnknownStream)
 from .append import partition_for_key
@@ -50,7 +50,7 @@ __all__ = [
     "FsyncPolicy", "Compression", "TxnState",
     "Record", "RecordKind", "RecordPosition", "AppendResult", "partition_for_key",
     "StreamLogError", "InvalidArgument", "InvalidAppend", "UnknownStream",
-    "OffsetOutOfRange", "LogClosed", "LogLocked", "ReadOnlyLog", "PartitionFailed",
+    "OffsetOutOfRange", "LogClosed", "LogLocked", "LogNotFound", "ReadOnlyLog", "PartitionFailed",
     "ProducerFenced", "DataLossError", "Producer", "RecordFuture", "BufferFull",
     "ProducerTimeout",
     *_OPERATOR_NAMES,

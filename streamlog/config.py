@@ -77,7 +77,8 @@ class LogConfig:
     # the log by at most about this long (remote/tiering.py).
     remote_max_lag_s: float = 60.0
     # A log read from a store (open_log("s3://...")): look for a newer manifest
-    # generation this often (one GET when there is none), and keep up to this many
+    # generation this often (one GET when there is none; 0: never by itself, the view
+    # stays at the generation it opened until refresh()), and keep up to this many
     # bytes of segment objects in memory (remote/storefs.py).
     remote_poll_ms: int = 1000
     remote_cache_bytes: int = 256 * 1024 * 1024
@@ -112,7 +113,7 @@ class LogConfig:
                          "frame_bytes_max", "batch_records_max", "inflight_appends_max",
                          "inflight_bytes_max", "tail_ring_batches_max", "tail_ring_bytes_max",
                          "read_chunk_bytes", "partitions_max", "index_map_bytes",
-                         "remote_poll_ms", "remote_cache_bytes", "remote_commit_ms",
+                         "remote_cache_bytes", "remote_commit_ms",
                          "remote_commit_bytes")
         for name in positive_ints:
             value = getattr(self, name)
@@ -141,6 +142,9 @@ class LogConfig:
                 or self.remote_max_backlog_bytes <= 0):
             raise InvalidArgument(f"remote_max_backlog_bytes must be a positive integer or "
                                   f"None (got {self.remote_max_backlog_bytes!r})")
+        if not _is_int(self.remote_poll_ms) or self.remote_poll_ms < 0:
+            raise InvalidArgument(f"remote_poll_ms must be an integer >= 0 (0: no polling) "
+                                  f"(got {self.remote_poll_ms!r})")
         if self.durability not in ("local", "remote"):
             raise InvalidArgument(f"durability must be local or remote (got "
                                   f"{self.durability!r})")

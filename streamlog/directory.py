@@ -19,7 +19,7 @@ import threading
 import weakref
 
 from . import layout
-from .errors import LogLocked, StreamLogError
+from .errors import LogLocked, LogNotFound, StreamLogError
 from .fileio import OsFileIO, read_file, write_file_atomic
 from .locks import WriterRegistry, exclusive_writer
 
@@ -35,7 +35,7 @@ def prepare(fileio, path: str, *, readonly: bool, create: bool) -> bool:
     marker = os.path.join(path, MARKER_NAME)
     if not fileio.exists(path):
         if readonly or not create:
-            raise StreamLogError(f"no log at {path}")
+            raise LogNotFound(f"no log at {path}")
         fileio.makedirs(path)
     if not fileio.exists(marker):
         if readonly:

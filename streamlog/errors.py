@@ -16,6 +16,11 @@ class StreamLogError(Exception):
     """Root of every error streamlog raises on purpose."""
 
 
+class LogNotFound(StreamLogError):
+    """No log where one was asked for: a missing directory opened read-only or not to
+    be created, or an object store prefix with no manifest."""
+
+
 class InvalidArgument(StreamLogError, ValueError):
     """The caller passed a value the log cannot accept (wrong type, out of range)."""
 

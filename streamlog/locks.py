@@ -40,6 +40,7 @@ _TAIL = struct.Struct("<Qqqqq")  # the tail state, after the counter
 _LAYOUT_AT = _U64.size + _TAIL.size
 _EMPTY = (0, 1, 0, 0, 0, 0, 0)  # a counter of 0 and no valid tail state
 _U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+STATE_BYTES = _STATE.size  # the commit lock file's shared bytes
 PARTITION_LOCK_NAME = "writer.lock"
 REGISTRY_NAME = "LOCK"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..connect import open_log
-from ..errors import ObjectNotFound, StoreError, StoreUnavailable, StreamLogError
+from ..errors import LogNotFound, ObjectNotFound, StoreError, StoreUnavailable
 from .common import EXIT_DAEMON, CliError, UsageError, existing_log, files_path, is_store_url
 
 
@@ -35,13 +35,14 @@ def open_readonly(path: str):
     return open_log(path, readonly=True, create=False)
 
 
-def open_store(url: str):
+def open_store(url: str, **config):
     """The read-only view of the log in the object store at `url` (its newest manifest
-    generation, followed). Raises UsageError when there is no log there,
+    generation, followed unless `remote_poll_ms=0`; `config`: LogConfig fields).
+    Raises UsageError when there is no log there,
     UnreachableError when the store cannot be reached or refuses the request (after
     the store's retries), InvalidArgument for a malformed URL."""
     try:
-        return open_log(url, readonly=True, create=False)
+        return open_log(url, readonly=True, create=False, **config)
     except ObjectNotFound:
         raise
     except StoreUnavailable as error:
@@ -50,11 +51,8 @@ def open_store(url: str):
     except StoreError as error:
         raise UnreachableError(f"the object store of {url} refused the request: "
                                f"{_first_line(error)}") from None
-    except StreamLogError as error:
-        # remote/view.py says so with a plain StreamLogError: "no log at URL: ...".
-        if type(error) is StreamLogError and str(error).startswith("no log at "):
-            raise UsageError(_first_line(error)) from None
-        raise
+    except LogNotFound as error:
+        raise UsageError(_first_line(error)) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -97,7 +95,5 @@ def log_files(log: str, command: str) -> LogFiles:
     path = existing_log(files_path(log, command))
     if not is_store_url(path):
         return LogFiles(path)
-    view = open_store(path)
-    if view.remote_view is not None:
-        view.remote_view.close()  # one generation for the whole command: no polling
+    view = open_store(path, remote_poll_ms=0)  # one generation for the whole command
     return LogFiles(view.path, view.fileio, view.index_storage, view)

@@ -128,10 +128,9 @@ class AckGate:
         now = self.clock.monotonic_s()
         with self._lock:
             for name, held in self._held.items():
-                expired = [entry for entry in held if entry[1] <= now]
-                for entry in expired:
-                    held.remove(entry)
-                    done += _failed(entry[2], _timeout(name, entry[0], self.timeout_s))
+                while held and held[0][1] <= now:  # (deadlines rise as the ends do)
+                    end, _, results = held.popleft()
+                    done += _failed(results, _timeout(name, end, self.timeout_s))
         resolve_waiters(done)
 
     def cut(self, name: str, end: int) -> None:

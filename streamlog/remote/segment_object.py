@@ -168,7 +168,7 @@ def upload(store, manifest: Manifest, partition: str, data, *, base_offset: int,
     return `manifest` with the segment added to the partition (the same generation:
     commit its `successor()`, after any other uploads of the round). The segment must
     continue the store's segment objects."""
-    check_continues(manifest, partition, base_offset)
+    check_continues(manifest, partition, base_offset)  # before anything is put
     return name_segment(manifest, partition, put_segment(
         store, partition, data, base_offset=base_offset, hwm_before=hwm_before,
         epoch=manifest.epoch))

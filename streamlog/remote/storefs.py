@@ -36,12 +36,11 @@ from typing import NamedTuple
 from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
 from ..errors import CorruptObject, ObjectNotFound
 from ..layout import partition_dir, segment_name, stream_dir, streams_dir
-from ..locks import PARTITION_LOCK_NAME
+from ..locks import PARTITION_LOCK_NAME, STATE_BYTES
 from ..maintenance import START_MARKS_NAME
 from .manifest import Manifest, PartitionManifest, SegmentObject, TailPiece
 
-_LOCK_BYTES = struct.calcsize("<QQqqqqQ")  # locks._STATE: counter, tail state, layout
-_COUNTER = struct.Struct("<Q")
+_COUNTER = struct.Struct("<Q")  # the first of a commit lock's fields (locks.py)
 
 
 class RangeCache:
@@ -304,7 +303,7 @@ class StoreFileIO:
         if isinstance(entry, (SegmentObject, _Pieces)):
             return entry.size
         if entry is None:
-            return _LOCK_BYTES
+            return STATE_BYTES
         return len(entry)
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
@@ -350,13 +349,13 @@ class StoreFileIO:
         with self._pin_lock:
             counter = self._counters.get(path)
             if counter is None:  # counter 1, no tail state: a view looks at the files
-                counter = self._counters[path] = bytearray(_LOCK_BYTES)
+                counter = self._counters[path] = bytearray(STATE_BYTES)
                 _COUNTER.pack_into(counter, 0, 1)
             return counter
 
     def map_shared(self, handle: int, size: int):
         path, entry = self._handle(handle)
-        if entry is not None or size > _LOCK_BYTES:
+        if entry is not None or size > STATE_BYTES:
             raise ValueError(f"{path} cannot be mapped")
         return memoryview(self._counter(path)).toreadonly()[:size]
 

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 
-from ..errors import CorruptIndex, CorruptObject, StoreError, StreamLogError
+from ..errors import CorruptIndex, CorruptObject, LogNotFound, StoreError
 from ..index import Index
 from ..testing.memindex import MemoryIndexStorage
 from . import manifest as manifests
@@ -132,16 +132,18 @@ class ManifestPoller:
 
 def open_view(store, config, *, clock):
     """A read-only Log of the log in `store` (the newest generation, followed by
-    polling). Raises StreamLogError when the store holds no log, StoreError when it
+    polling). Raises LogNotFound when the store holds no log, StoreError when it
     cannot be reached."""
     from ..log import Log  # (the log's code imports nothing of the store's)
     newest = manifests.latest(store)
     root = store.url.rstrip("/")
     if newest is None:
-        raise StreamLogError(f"no log at {root}: the store has no manifest there")
+        raise LogNotFound(f"no log at {root}: the store has no manifest there")
     fs = StoreFileIO(store, root, newest,
                      cache=RangeCache(store, capacity_bytes=config.remote_cache_bytes))
     view = Log(root, config, readonly=True, create=False, fileio=fs,
                index_storage=StoreIndexStorage(fs), clock=clock)
-    view.remote_view = ManifestPoller(fs, config.remote_poll_ms / 1000).start()
+    view.remote_view = ManifestPoller(fs, config.remote_poll_ms / 1000)
+    if config.remote_poll_ms > 0:  # (0: held at this generation until refresh())
+        view.remote_view.start()
     return view

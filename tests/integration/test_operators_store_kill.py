@@ -22,15 +22,10 @@ kills in all); `STREAMLOG_KILL_SEED` picks another seed (printed with every fail
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import shutil
-import signal
 import struct
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -40,6 +35,7 @@ from streamlog.operators import ObjectCheckpointStore
 from streamlog.operators.aggregate import AggregateOperator, WindowSpec
 from streamlog.operators.runtime import OperatorRuntime
 from streamlog.records import RecordKind
+from tests.sim.operator_runs import run_child  # the job as cec_child.py runs it
 
 TRIALS = int(os.environ.get("STREAMLOG_KILL_TRIALS", 10))  # kills per operator
 SEED = int(os.environ.get("STREAMLOG_KILL_SEED", "20241126"))
@@ -50,99 +46,6 @@ CEC = {"q_target": 60, "u_target": 100, "ci_ms": 2.0, "cp_ms": 4.0}
 JITTER_S_MAX = 0.02  # after the chosen chunk: lands anywhere in the next one or two
 STARTUP_SHARE = 0.25  # of the kills aimed at the start: the opens, the restore, recovery
 STARTUP_S_MAX = 0.4  # ...at a random moment this long after it is up
-RUN_S_MAX = 120.0
-
-# The job, as cec_child.py runs it (tests/sim): READY once imported, "R <method>" once
-# its recovery has decided (before the replay), "C <offset>" after each chunk the
-# operator processed, its summary as one JSON line at the end.
-CHILD = r"""
-import json, sys
-from streamlog.operators import cec
-from streamlog.operators.runtime import OperatorRuntime
-spec = json.loads(sys.argv[1])
-print("READY", flush=True)
-build = cec.build_operator
-replay = OperatorRuntime.replay
-
-def reporting_replay(self):
-    print(f"R {self.report.method}", flush=True)
-    replay(self)
-
-OperatorRuntime.replay = reporting_replay
-
-def build_reporting(job_spec):
-    operator = build(job_spec)
-    after_chunk = operator.after_chunk
-
-    def reporting_after_chunk(out):
-        after_chunk(out)
-        print(f"C {operator.last_offset}", flush=True)
-
-    operator.after_chunk = reporting_after_chunk
-    return operator
-
-cec.build_operator = build_reporting
-print(json.dumps(cec.run_aggregate_job(spec), default=str), flush=True)
-"""
-
-
-def run_child(spec: dict, env: dict, kill_after_chunks: int | None, jitter_s: float = 0.0,
-              *, methods: list[str]) -> tuple[str, dict | None]:
-    """Start the job; SIGKILL it `jitter_s` after it reported `kill_after_chunks` chunks
-    (0: once it is up; None: let it finish). Returns ("killed" | "completed", the
-    summary of a completed run); appends the method of its recovery, if it got that far,
-    to `methods`."""
-    process = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                               text=True, start_new_session=True)
-    lines: list[str] = []
-    reached = threading.Event()
-    errors: list[str] = []
-
-    def read_stdout() -> None:
-        chunks = 0
-        for line in process.stdout:
-            if line.startswith("C "):
-                chunks += 1
-            elif line.startswith("R "):
-                methods.append(line.split()[1])
-            else:
-                lines.append(line)
-            if kill_after_chunks is not None and line.startswith(("READY", "C ")) and (
-                    chunks >= kill_after_chunks):
-                reached.set()
-        reached.set()
-
-    def read_stderr() -> None:
-        errors.append(process.stderr.read())
-
-    readers = [threading.Thread(target=read_stdout, daemon=True),
-               threading.Thread(target=read_stderr, daemon=True)]
-    for reader in readers:
-        reader.start()
-    try:
-        if kill_after_chunks is not None:
-            assert reached.wait(RUN_S_MAX), "the job never reached the kill point"
-            time.sleep(jitter_s)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=RUN_S_MAX)
-                readers[0].join(timeout=RUN_S_MAX)  # every line it wrote is counted
-                return "killed", None
-        process.wait(timeout=RUN_S_MAX)
-        for reader in readers:
-            reader.join(timeout=RUN_S_MAX)  # (EOF follows the exit)
-        assert process.returncode == 0, f"job failed ({process.returncode}): {errors}"
-        return "completed", json.loads(lines[-1])
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        for reader in readers:
-            reader.join(timeout=RUN_S_MAX)
-        process.stdout.close()
-        process.stderr.close()
-
 
 @pytest.fixture(scope="module")
 def input_url(s3_server, tmp_path_factory) -> str:
@@ -212,8 +115,10 @@ def kill_series(mode: str, input_url: str, s3_server, tmp_path, rng: random.Rand
     for run in range(kills_max):
         machine = tmp_path / f"machine-{run}"
         decided = len(methods)
-        outcome, summary = run_child(job_spec(mode, input_url, output_url, machine), env,
-                                     *kill_point(rng, budget), methods=methods)
+        outcome, summary = run_child(job_spec(mode, input_url, output_url, machine),
+                                     *kill_point(rng, budget), env=env,
+                                     on_method=methods.append)
+        assert outcome != "refused", summary
         shutil.rmtree(machine, ignore_errors=True)  # the machine is gone, its disk with it
         if outcome == "completed":  # the kill point came after the input's end
             return {"url": output_url, "kills": len(ends), "ends": ends, "summary": summary,
@@ -222,8 +127,8 @@ def kill_series(mode: str, input_url: str, s3_server, tmp_path, rng: random.Rand
         with streamlog.open_log(output_url, storage_options=s3_server.storage_options) as view:
             ends.append(len(results(view)) if "out" in view.streams() else 0)
     machine = tmp_path / "machine-last"
-    outcome, summary = run_child(job_spec(mode, input_url, output_url, machine), env, None,
-                                 methods=methods)
+    outcome, summary = run_child(job_spec(mode, input_url, output_url, machine), None,
+                                 env=env, on_method=methods.append)
     assert outcome == "completed"
     return {"url": output_url, "kills": len(ends), "ends": ends, "summary": summary,
             "machine": machine, "methods": methods, "early": early}

@@ -3,7 +3,8 @@ of the windowed aggregate job.
 
 Usage: python cec_child.py SPEC_JSON
 
-Prints READY once streamlog is imported, then "C <input offset>" after each chunk the
+Prints READY once streamlog is imported, "R <method>" once its recovery has decided
+(before the replay), then "C <input offset>" after each chunk the
 operator processed (replayed ones included), so the parent can kill it at a chosen point
 of its progress and see how far it read; opens the input read-only and the output with
 the fsync policy of the spec, recovers (CRB from the checkpoint store or CEC from the
@@ -18,6 +19,7 @@ import sys
 
 from streamlog.errors import DataLossError
 from streamlog.operators import cec
+from streamlog.operators.runtime import OperatorRuntime
 
 REFUSED_EXIT = 3
 
@@ -25,7 +27,13 @@ REFUSED_EXIT = 3
 def main() -> None:
     spec = json.loads(sys.argv[1])
     print("READY", flush=True)
-    build = cec.build_operator
+    build, replay = cec.build_operator, OperatorRuntime.replay
+
+    def reporting_replay(runtime):
+        print(f"R {runtime.report.method}", flush=True)
+        replay(runtime)
+
+    OperatorRuntime.replay = reporting_replay
 
     def build_reporting(job_spec):
         operator = build(job_spec)

@@ -24,13 +24,16 @@ REFUSED_EXIT = 3  # cec_child.py: recovery refused (DataLossError)
 
 def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, *,
               on_progress: Callable[[int], None] | None = None,
+              on_method: Callable[[str], None] | None = None, env: dict | None = None,
               child: str = CHILD) -> tuple[str, dict | None]:
-    """Start the job; SIGKILL it `jitter_s` after it reported `kill_after_chunks` chunks
-    (0: during its start and recovery; None: let it finish). `on_progress(offset)` sees
-    every chunk's last input offset. Returns ("killed" | "completed" | "refused", the
-    job's last JSON line when it ended by itself)."""
+    """Start the job (in `env`, else this process's environment); SIGKILL it `jitter_s`
+    after it reported `kill_after_chunks` chunks (0: during its start and recovery;
+    None: let it finish). `on_progress(offset)` sees every chunk's last input offset,
+    `on_method(method)` how its recovery decided. Returns ("killed" | "completed" |
+    "refused", the job's last JSON line when it ended by itself)."""
     process = subprocess.Popen([sys.executable, child, json.dumps(spec)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
     lines: list[str] = []
     reached = threading.Event()
 
@@ -41,6 +44,9 @@ def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, 
                 chunks += 1
                 if on_progress is not None:
                     on_progress(int(line.split()[1]))
+            elif line.startswith("R "):
+                if on_method is not None:
+                    on_method(line.split()[1])
             else:
                 lines.append(line)
             if kill_after_chunks is not None and line.startswith(("READY", "C ")) and (
@@ -48,8 +54,12 @@ def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, 
                 reached.set()
         reached.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    errors: list[str] = []  # (read as it comes: a full pipe would stall the child)
+    readers = [threading.Thread(target=read, daemon=True),
+               threading.Thread(target=lambda: errors.append(process.stderr.read()),
+                                daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
         if kill_after_chunks is not None:
             assert reached.wait(RUN_S_MAX), "the job never reached the kill point"
@@ -59,17 +69,18 @@ def run_child(spec: dict, kill_after_chunks: int | None, jitter_s: float = 0.0, 
                 process.wait(timeout=RUN_S_MAX)
                 return "killed", None
         process.wait(timeout=RUN_S_MAX)
-        reader.join(timeout=RUN_S_MAX)
-        stderr = process.stderr.read()
+        for reader in readers:
+            reader.join(timeout=RUN_S_MAX)
         if process.returncode == REFUSED_EXIT:
             return "refused", json.loads(lines[-1])
-        assert process.returncode == 0, f"job failed ({process.returncode}): {stderr}"
+        assert process.returncode == 0, f"job failed ({process.returncode}): {errors}"
         return "completed", json.loads(lines[-1])
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        reader.join(timeout=RUN_S_MAX)  # EOF follows the exit; then its pipe may close
+        for reader in readers:  # EOF follows the exit; then its pipes may close
+            reader.join(timeout=RUN_S_MAX)
         process.stdout.close()
         process.stderr.close()
 
