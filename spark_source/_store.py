@@ -27,7 +27,9 @@ every partition (a GET per segment object), which a plan of one split per segmen
 would pay once per split. A Python worker that Spark reuses for its next task keeps
 the view of that URL and those options, and refreshes it before each split (one GET
 when no generation is newer), so a worker opens the log once. At most VIEWS_MAX views
-per worker, each with a small block cache (a split reads its object once, in order).
+per worker, each with a small block cache (a split reads its object once, in order,
+the cache fetching ahead of it on background threads while it decodes; not on into
+the partition's next object, which another split reads, most likely elsewhere).
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ def executor_view(path: str, storage: tuple[tuple[str, str], ...], generation: i
     try:
         if view is None:
             view = open_store(path, storage, remote_cache_bytes=EXECUTOR_CACHE_BYTES)
+            view.remote_view.fs.read_on = False  # a split ends where its object does
         else:
             view.refresh()
         shown = generation_of(view)

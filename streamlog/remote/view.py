@@ -12,6 +12,9 @@ on a local view. Two things are the store's own:
   per partition (recovery checks the frame before the point). An index object that is
   missing or damaged makes that partition's index be rebuilt from its segments, as a
   damaged local index is (DESIGN 4), with the key named in the log.
+* Scans read ahead (storefs.RangeCache): while a reader decodes, the next blocks of
+  its segment object, and of the partition's next one, are already being fetched by
+  a few background threads, which the view's close ends.
 * Following (`ManifestPoller`): a thread looks for a newer generation every
   `remote_poll_ms` (one GET of the next generation's key) and pins it; the partitions
   it changed see their commit lock's counter move, and their followers refresh.
@@ -26,7 +29,7 @@ import threading
 
 from ..errors import CorruptIndex, CorruptObject, LogNotFound, StoreError
 from ..index import Index
-from ..testing.memindex import MemoryIndexStorage
+from ..memindex import MemoryIndexStorage
 from . import manifest as manifests
 from .segment_object import fill_index
 from .storefs import RangeCache, StoreFileIO
@@ -125,9 +128,12 @@ class ManifestPoller:
                     reported = type(error)
 
     def close(self) -> None:
+        """Stop polling, and end the block cache's fetcher threads (the view is
+        closing: Log.close)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        self.fs.cache.close()
 
 
 def open_view(store, config, *, clock):

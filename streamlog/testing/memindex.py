@@ -1,10 +1,9 @@
 """An in-memory twin of the index's LMDB environment, which a power loss rolls back.
 
-Strategy: `index.Index` keeps its whole logic (keys, checksummed values, the read-only
-overlay, every drop and lookup) and asks an environment for ordered tables, as it asks
-LMDB. `MemoryIndexStorage` hands it `MemoryEnv`s instead of LMDB files, so a test or
-the partition simulator runs the real index code on storage that crashes the way the
-real one does:
+Strategy: the index's environment in memory (streamlog/memindex.py: `Index` runs its
+whole logic on `MemoryEnv`s instead of LMDB files) plus the way the real one loses
+data, so a test or the partition simulator runs the real index code on storage that
+crashes the way the real one does:
 
   * a write transaction is all or nothing: a crash never shows half of one;
   * LMDB runs without sync (the segments are the truth), so a committed transaction is
@@ -12,12 +11,6 @@ real one does:
     transaction and a random prefix of the later ones (all of them or none, by mode);
   * a process crash alone (no power loss) keeps every committed transaction, as the page
     cache does.
-
-The subset of py-lmdb's API the index uses is implemented with py-lmdb's semantics,
-including the ones that bite: `Cursor.putmulti(append=True)` skips (and does not add) a
-key that is not greater than the table's last one, as MDB_APPEND answers MDB_KEYEXIST;
-`Cursor.delete` moves to the next item and leaves the cursor unpositioned (`key()` is
-b"") after the last.
 
 Attach it to a `FaultFileIO` (`attach`) and the file system's power loss crashes the
 index in the same instant, with the same mode and random choices.
@@ -27,189 +20,22 @@ Not thread-safe beyond what the index needs: one writer thread, readers on snaps
 
 from __future__ import annotations
 
-import bisect
 import random
-import threading
 
-import lmdb
+from .. import memindex as _core
+from ..memindex import MemoryEnv, _Table
 
-
-class _Table:
-    """One named database: sorted keys and their values."""
-
-    __slots__ = ("keys", "values")
-
-    def __init__(self, keys=(), values=None) -> None:
-        self.keys: list[bytes] = list(keys)
-        self.values: dict[bytes, bytes] = dict(values or {})
-
-    def copy(self) -> "_Table":
-        return _Table(self.keys, self.values)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        if key not in self.values:
-            bisect.insort(self.keys, key)
-        self.values[key] = value
-
-    def delete(self, key: bytes) -> bool:
-        if key not in self.values:
-            return False
-        del self.values[key]
-        del self.keys[bisect.bisect_left(self.keys, key)]
-        return True
+__all__ = ["MemoryEnv", "MemoryIndexStorage"]
 
 
-class _Cursor:
-    """py-lmdb's Cursor over one table of a transaction."""
-
-    def __init__(self, txn: "_Txn", name: bytes) -> None:
-        self._txn, self._name = txn, name
-        self._at: bytes | None = None  # the current key; None: unpositioned
-
-    @property
-    def _table(self) -> _Table:
-        return self._txn._table(self._name, write=False)
-
-    def _go(self, index: int) -> bool:
-        keys = self._table.keys
-        self._at = keys[index] if 0 <= index < len(keys) else None
-        return self._at is not None
-
-    def key(self) -> bytes:
-        return b"" if self._at is None else self._at
-
-    def value(self) -> bytes:
-        return b"" if self._at is None else self._table.values[self._at]
-
-    def item(self) -> tuple[bytes, bytes]:
-        return self.key(), self.value()
-
-    def first(self) -> bool:
-        return self._go(0)
-
-    def last(self) -> bool:
-        return self._go(len(self._table.keys) - 1)
-
-    def set_range(self, key: bytes) -> bool:
-        return self._go(bisect.bisect_left(self._table.keys, bytes(key)))
-
-    def next(self) -> bool:
-        if self._at is None:
-            return self.first()
-        return self._go(bisect.bisect_right(self._table.keys, self._at))
-
-    def prev(self) -> bool:
-        if self._at is None:
-            return self.last()
-        return self._go(bisect.bisect_left(self._table.keys, self._at) - 1)
-
-    def delete(self) -> bool:
-        if self._at is None:
-            return False
-        table = self._txn._table(self._name, write=True)
-        at = bisect.bisect_left(table.keys, self._at)
-        table.delete(self._at)
-        self._go(at)
-        return True
-
-    def putmulti(self, items, *, append: bool = False, dupdata: bool = True,
-                 overwrite: bool = True) -> tuple[int, int]:
-        table = self._txn._table(self._name, write=True)
-        consumed = added = 0
-        for key, value in items:
-            consumed += 1
-            key, value = bytes(key), bytes(value)
-            if append and table.keys and key <= table.keys[-1]:
-                continue  # MDB_APPEND refuses it with MDB_KEYEXIST: not added
-            if not overwrite and key in table.values:
-                continue
-            table.put(key, value)
-            self._at = key
-            added += 1
-        return consumed, added
-
-    def __iter__(self):
-        if self._at is None and not self.first():
-            return
-        while True:
-            yield self.item()
-            if not self.next():
-                return
-
-
-class _Txn:
-    """A transaction: a read one sees the state it began on; a write one works on
-    copies of the tables it changes and installs them at commit."""
-
-    def __init__(self, env: "MemoryEnv", write: bool) -> None:
-        self._env, self._write = env, write
-        self._state = env._store.state
-        self._changed: dict[bytes, _Table] = {}
-        self._done = False
-
-    def _table(self, name: bytes, *, write: bool) -> _Table:
-        if name in self._changed:
-            return self._changed[name]
-        table = self._state.get(name)
-        if table is None:
-            raise lmdb.NotFoundError(f"no database {name!r}")
-        if not write:
-            return table
-        if not self._write:
-            raise lmdb.ReadonlyError("write in a read-only transaction")
-        self._changed[name] = table = table.copy()
-        return table
-
-    def get(self, key, default=None, db=None):
-        return self._table(db, write=False).values.get(bytes(key), default)
-
-    def put(self, key, value, db=None, **_) -> bool:
-        self._table(db, write=True).put(bytes(key), bytes(value))
-        return True
-
-    def delete(self, key, value=b"", db=None) -> bool:
-        return self._table(db, write=True).delete(bytes(key))
-
-    def cursor(self, db=None) -> _Cursor:
-        self._table(db, write=False)  # raises for an unknown database
-        return _Cursor(self, db)
-
-    def drop(self, db, delete: bool = True) -> None:
-        self._table(db, write=True)
-        self._changed[db] = _Table()
-
-    def stat(self, db) -> dict:
-        return {"entries": len(self._table(db, write=False).keys)}
-
-    def commit(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        if self._write and self._changed:
-            self._env._store.commit(self._changed)
-
-    def abort(self) -> None:
-        self._done = True
-
-    def __enter__(self) -> "_Txn":
-        return self
-
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.abort()
-
-
-class _Store:
+class _Store(_core._Store):
     """What one index directory holds: its current state, the last synced one, and
     every state committed since (a power loss keeps one of those)."""
 
     def __init__(self) -> None:
-        self.state: dict[bytes, _Table] = {}
+        super().__init__()
         self.synced: dict[bytes, _Table] = {}
         self.since_sync: list[dict[bytes, _Table]] = []
-        self.lock = threading.Lock()
 
     def commit(self, changed: dict[bytes, _Table]) -> None:
         with self.lock:
@@ -235,72 +61,16 @@ class _Store:
             return kept
 
 
-class MemoryEnv:
-    """py-lmdb's Environment, over a `_Store` of `MemoryIndexStorage`, as the index
-    asks a storage for one (index_storage.IndexEnv)."""
-
-    # Nothing damages it but the index's own writes: what it lacks is truly absent.
-    verified = True
-
-    def __init__(self, storage: "MemoryIndexStorage", store: _Store, readonly: bool) -> None:
-        self._storage, self._store, self._readonly = storage, store, readonly
-        self._closed = False
-
-    def open_db(self, name: bytes, txn=None, create: bool = True, **_) -> bytes:
-        with self._store.lock:
-            if name not in self._store.state:
-                if not create or self._readonly:
-                    raise lmdb.NotFoundError(f"no database {name!r}")
-                self._store.state = {**self._store.state, name: _Table()}
-        return name
-
-    def begin(self, write: bool = False, buffers: bool = False, **_) -> _Txn:
-        if self._closed:
-            raise lmdb.Error("environment closed")
-        if write and (self._readonly or self._storage.crashed):
-            raise lmdb.ReadonlyError("the index cannot be written now")
-        return _Txn(self, write)
-
-    def sync(self, force: bool = False) -> None:
-        if not self._readonly and not self._storage.crashed:
-            self._store.sync()
-
-    def close(self, *, seal: bool = False) -> None:
-        """Close; `seal` (a writer's clean close) syncs first. There is no seal file:
-        memory cannot be damaged behind the index's back."""
-        if seal:
-            self.sync(True)
-        self._closed = True
-
-
-class MemoryIndexStorage:
+class MemoryIndexStorage(_core.MemoryIndexStorage):
     """Index directories held in memory (`Index(..., storage=this)`, the interface of
     index_storage.IndexStorage); see the module docstring. `crash` (or the attached
     file system's power loss) rolls every one of them back at once."""
 
+    store_class = _Store
+
     def __init__(self) -> None:
-        self._stores: dict[str, _Store] = {}
-        self.crashed = False
+        super().__init__()
         self.kept_after_crash: list[int] = []  # unsynced transactions kept, per crash
-
-    def exists(self, path: str) -> bool:
-        return path in self._stores
-
-    def open(self, path: str, *, readonly: bool, map_bytes: int = 0,
-             probe_unsealed=None) -> MemoryEnv:
-        """The environment of `path` (created when writable). `map_bytes` and
-        `probe_unsealed` are LMDB's business: memory has no map size, nor pages a
-        crash could leave damaged."""
-        store = self._stores.get(path)
-        if store is None:
-            if readonly:
-                raise lmdb.Error(f"no index at {path}")
-            store = self._stores[path] = _Store()
-        return MemoryEnv(self, store, readonly)
-
-    def remove(self, path: str) -> None:
-        """Wipe an index (the partition rebuilds a damaged one from the segments)."""
-        self._stores.pop(path, None)
 
     def crash(self, rng: random.Random, mode: str = "drop_unsynced") -> None:
         """Lose power: each index keeps what it synced and, unless `mode` is

@@ -226,10 +226,12 @@ def test_the_cache_stays_bounded_and_a_scan_reads_ahead():
     store = MemoryStore()
     data = bytes(range(256)) * 4096  # 1 MiB
     store.put("k", data)
-    cache = RangeCache(store, block_bytes=64 * 1024, capacity_bytes=256 * 1024, readahead=3)
+    cache = RangeCache(store, block_bytes=64 * 1024, capacity_bytes=512 * 1024, readahead=4,
+                       fetch_blocks=4)
     out = b"".join(cache.read("k", len(data), at, 10_000) for at in range(0, len(data), 10_000))
+    cache.close()
     assert out == data
-    assert cache._bytes <= 256 * 1024
+    assert cache._bytes <= 512 * 1024
     assert cache.stats["requests"] <= len(data) // (64 * 1024) // 4 + 2  # 4 blocks a GET
     assert cache.read("k", len(data), len(data) - 5, 100) == data[-5:]
     assert cache.read("k", len(data), len(data), 100) == b""
