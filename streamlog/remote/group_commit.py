@@ -6,12 +6,12 @@ jobs) is held (`AckGate`) until a committed manifest generation holds its record
 The tiering job commits the tail: every `remote_commit_ms` while acks wait (sooner once
 `remote_commit_bytes` wait), it reads, for every partition with new records, the bytes
 from where the store's copy ends to the partition's published end (`tail_runs`: whole
-frames, from the local segment files), puts them as one object for all partitions
-(one PUT, whatever the partition count), and commits one generation naming each
-partition's pieces of it (manifest.TailPiece). So a commit costs two PUTs (the tail
-object and the manifest) and the PUT rate is set by the commit interval, not by the
-partitions. When a segment seals it goes up whole (tiering.py) and its pieces leave
-the manifest; the tail objects no piece names any more become garbage.
+frames, from the local segment files), and commits one generation whose object carries
+them all as its payload, naming each partition's pieces of it (manifest.TailPiece). So
+a commit is one PUT, whatever the partition count: the PUT rate is set by the commit
+interval, not by the partitions. When a segment seals it goes up whole (tiering.py) and
+its pieces leave the manifest; the generations whose payload no piece names any more
+become garbage.
 
 The gate resolves held acks in offset order when the committed end passes them, with
 `StoreTimeout` when the store has not taken them within `remote_timeout_s` (the

@@ -12,9 +12,17 @@ lower or equal epoch lost a race with another opener and tries the next generati
 two writers never interleave: each generation names its predecessor's objects plus
 what one writer, the newest, added.
 
-Format: one line `streamlog-manifest 1 <xxh3-64 of the body, hex>`, then the body as
-JSON (sorted keys). A manifest that fails its check is damage, named by its key
-(CorruptObject); a generation is never skipped over to an older one silently.
+Format: one line `streamlog-manifest 2 <xxh3-64 of the body, hex> <body bytes>`, then
+the body as JSON (sorted keys), then the generation's payload: under durability
+"remote", the tail bytes its new TailPieces name (group_commit.py), so a group commit is
+one PUT, the tail and the generation naming it created together. Its own pieces are
+written with an empty key and a position in the payload; reading resolves them to the
+generation's key and a position in the object. The payload is not covered by the
+header's checksum: it is whole record frames, which every reader checks before it
+delivers a record. A reader that wants only the manifest fetches the object's first
+HEAD_BYTES (`fetch`), and the rest of the body when it is longer, never the payload.
+A manifest that fails its check is damage, named by its key (CorruptObject); a
+generation is never skipped over to an older one silently.
 
 The functions take an `ObjectStore` (store.py); the values are pure.
 """
@@ -31,11 +39,23 @@ import xxhash
 from ..errors import CorruptObject, Fenced, ObjectNotFound, PreconditionFailed
 
 MAGIC = b"streamlog-manifest"
-VERSION = 1
+VERSION = 2
+HEAD_BYTES = 64 * 2**10  # what a read of a generation fetches first (`fetch`)
 PREFIX = "manifest/"
 TAKE_OVER_ATTEMPTS = 20  # commits lost to racing openers before take_over gives up
 DELTA_CHAIN_MAX = 64  # a generation is written whole at least this often
 NEWER_BATCH = 16  # generations a poll that found some fetches at once
+
+
+class CommittedBefore(PreconditionFailed):
+    """A commit found its generation already committed by this same writer (its epoch
+    and name): an earlier attempt whose answer was lost (the store failing mid-request)
+    took effect, with what that attempt held. `manifest` is that generation, whole:
+    the writer goes on from it."""
+
+    def __init__(self, message: str, manifest: "Manifest") -> None:
+        super().__init__(message, key=manifest.key)
+        self.manifest = manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +76,14 @@ class SegmentObject:
 
 @dataclasses.dataclass(frozen=True)
 class TailPiece:
-    """Durability "remote": bytes of a segment not yet in the store whole, in a tail
-    object (one object per group commit, pieces of every partition with new data).
-    A partition's pieces for one segment start at its position 0 and follow each other
-    without a gap, so together they are the segment's first bytes."""
+    """Durability "remote": bytes of a segment not yet in the store whole, in the
+    payload of the generation that committed them (one object per group commit, pieces
+    of every partition with new data). A partition's pieces for one segment start at
+    its position 0 and follow each other without a gap, so together they are the
+    segment's first bytes."""
 
-    key: str  # the tail object
-    object_size: int  # the whole tail object's size
+    key: str  # the object holding the bytes: the committing generation's
+    object_size: int  # that whole object's size
     at: int  # where the piece starts in the object
     size: int
     segment_base: int  # the local segment the bytes are from, and where in it
@@ -142,17 +163,44 @@ class Delta:
     partitions: dict  # name -> (new tail pieces, committed_end, local_end)
 
 
-def _frame(body: dict) -> bytes:
+def _frame(body: dict, payload: bytes = b"") -> bytes:
+    body = {**body, "payload": len(payload)}
     data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return b"%s %d %016x\n%s" % (MAGIC, VERSION, xxhash.xxh3_64_intdigest(data), data)
+    return b"%s %d %016x %d\n%s%s" % (MAGIC, VERSION, xxhash.xxh3_64_intdigest(data),
+                                       len(data), data, payload)
 
 
-def encode(manifest: Manifest) -> bytes:
-    """The whole manifest's object."""
-    return _frame(_plain(manifest))
+def _piece_out(piece: TailPiece, own_key: str) -> dict:
+    """A piece as stored: one in the generation's own payload without its key, at its
+    place in the payload (where a proposed generation's pieces are: `commit`), else as
+    it is."""
+    out = dataclasses.asdict(piece)
+    if piece.key == own_key:
+        out["key"], out["object_size"] = "", 0
+    return out
 
 
-def encode_delta(manifest: Manifest, prior: Manifest) -> bytes | None:
+def _piece_in(found: dict, own_key: str, payload_at: int, size: int) -> TailPiece:
+    """A stored piece; one of the generation's own (no key) at its place in the
+    object."""
+    piece = TailPiece(**found)
+    if not piece.key:
+        piece = dataclasses.replace(piece, key=own_key, at=payload_at + piece.at,
+                                    object_size=size)
+    if not 0 <= piece.at <= piece.at + piece.size <= piece.object_size or (
+            piece.base_offset >= piece.end_offset):
+        raise ValueError(f"a tail piece of offsets {piece.base_offset}..{piece.end_offset}"
+                         f" at {piece.at}+{piece.size} of the {piece.object_size} bytes of "
+                         f"{piece.key}")
+    return piece
+
+
+def encode(manifest: Manifest, payload: bytes = b"") -> bytes:
+    """The whole manifest's object, with `payload` (the bytes of its own pieces)."""
+    return _frame(_plain(manifest), payload)
+
+
+def encode_delta(manifest: Manifest, prior: Manifest, payload: bytes = b"") -> bytes | None:
     """`manifest` as a Delta of `prior` (its predecessor, itself based on a whole
     object), or None when it changes more than tails and ends, or the chain is long."""
     if (manifest.generation != prior.generation + 1 or prior.based_on is None
@@ -169,12 +217,13 @@ def encode_delta(manifest: Manifest, prior: Manifest) -> bytes | None:
                 or part.start_hwm_us != old.start_hwm_us
                 or part.tail[:len(old.tail)] != old.tail):
             return None
-        changed[name] = {"tail": [dataclasses.asdict(p) for p in part.tail[len(old.tail):]],
+        changed[name] = {"tail": [_piece_out(p, manifest.key)
+                                  for p in part.tail[len(old.tail):]],
                          "committed_end": part.committed_end, "local_end": part.local_end}
     return _frame({"generation": manifest.generation, "epoch": manifest.epoch,
                    "writer": manifest.writer, "delta": {
                        "prior": prior.generation, "full": prior.based_on,
-                       "partitions": changed}})
+                       "partitions": changed}}, payload)
 
 
 def decode(data: bytes, key: str) -> Manifest:
@@ -187,40 +236,71 @@ def decode(data: bytes, key: str) -> Manifest:
 
 
 def decode_object(data: bytes, key: str) -> Manifest | Delta:
-    """The generation stored in `data` (read from `key`): a whole Manifest or a Delta.
-    CorruptObject (naming the key) when it fails its checks."""
-    head, newline, body = bytes(data).partition(b"\n")
+    """The generation stored in `data` (read from `key`: the whole object, or at least
+    its header and body): a whole Manifest or a Delta. CorruptObject (naming the key)
+    when it fails its checks."""
+    head, newline, rest = bytes(data).partition(b"\n")
     fields = head.split(b" ")
-    if not newline or len(fields) != 3 or fields[0] != MAGIC:
+    if not newline or fields[0] != MAGIC or len(fields) < 2:
         raise CorruptObject(key, 0, "not a manifest (no header line)")
     if fields[1] != b"%d" % VERSION:
         raise CorruptObject(key, 0, f"manifest format {fields[1].decode(errors='replace')}"
                                     f", this version reads {VERSION}")
     try:
-        expected = int(fields[2], 16)
+        if len(fields) != 4:
+            raise ValueError
+        expected, body_bytes = int(fields[2], 16), int(fields[3])
     except ValueError:
-        raise CorruptObject(key, 0, "manifest header checksum is not hex") from None
+        raise CorruptObject(key, 0, "manifest header: not 'streamlog-manifest <format> "
+                                    "<checksum, hex> <body bytes>'") from None
+    at = len(head) + 1
+    body = rest[:body_bytes]
+    if len(body) != body_bytes:
+        raise CorruptObject(key, at + len(body), f"manifest cut short: {len(body)} of "
+                                                 f"{body_bytes} body bytes")
     if xxhash.xxh3_64_intdigest(body) != expected:
-        raise CorruptObject(key, len(head) + 1, "manifest checksum mismatch")
+        raise CorruptObject(key, at, "manifest checksum mismatch")
     try:
         found = json.loads(body)
+        payload = int(found["payload"])
+        if payload < 0:
+            raise ValueError(f"a payload of {payload} bytes")
+
+        def piece(stored: dict) -> TailPiece:
+            return _piece_in(stored, key, at + body_bytes, at + body_bytes + payload)
+
         if "delta" in found:
             delta = found["delta"]
             result = Delta(int(found["generation"]), int(found["epoch"]),
                            str(found["writer"]), int(delta["prior"]), int(delta["full"]), {
-                               str(name): (tuple(TailPiece(**p) for p in part["tail"]),
+                               str(name): (tuple(map(piece, part["tail"])),
                                            int(part["committed_end"]), int(part["local_end"]))
                                for name, part in delta["partitions"].items()})
         else:
-            result = dataclasses.replace(_manifest(found),
+            result = dataclasses.replace(_manifest(found, piece),
                                          based_on=int(found["generation"]))
     except (ValueError, KeyError, TypeError) as error:
-        raise CorruptObject(key, len(head) + 1, f"manifest body: {error}") from None
+        raise CorruptObject(key, at, f"manifest body: {error}") from None
     if key_of(result.generation) != key or (
             isinstance(result, Delta) and result.prior != result.generation - 1):
-        raise CorruptObject(key, len(head) + 1,
+        raise CorruptObject(key, at,
                             f"manifest of generation {result.generation} stored at {key}")
     return result
+
+
+def fetch(store, generation: int) -> Manifest | Delta:
+    """Generation `generation` as stored (a whole Manifest or a Delta), without its
+    payload: the object's first HEAD_BYTES, and the rest of the body when it is longer.
+    Raises ObjectNotFound, CorruptObject."""
+    key = key_of(generation)
+    data = store.get_range(key, 0, HEAD_BYTES)
+    head, newline, _ = bytes(data[:256]).partition(b"\n")
+    fields = head.split(b" ")
+    if newline and len(fields) == 4 and fields[3].isdigit():
+        wanted = len(head) + 1 + int(fields[3])
+        if len(data) < wanted:
+            data = bytes(data) + store.get_range(key, len(data), wanted)
+    return decode_object(data, key)
 
 
 def apply(prior: Manifest, delta: Delta) -> Manifest:
@@ -242,17 +322,19 @@ def _plain(manifest: Manifest) -> dict:
     out = dataclasses.asdict(manifest)
     del out["based_on"]
     out["garbage"] = [list(item) for item in manifest.garbage]
+    for name, part in manifest.partitions.items():
+        out["partitions"][name]["tail"] = [_piece_out(piece, manifest.key)
+                                           for piece in part.tail]
     return out
 
 
-def _manifest(found: dict[str, Any]) -> Manifest:
+def _manifest(found: dict[str, Any], piece) -> Manifest:
     partitions = {}
     for name, part in found["partitions"].items():
         segments = tuple(SegmentObject(**segment) for segment in part["segments"])
         partitions[str(name)] = PartitionManifest(
             int(part["start_offset"]), int(part["committed_end"]), part["start_hwm_us"],
-            segments, int(part.get("local_end", 0)),
-            tuple(TailPiece(**piece) for piece in part.get("tail", ())))
+            segments, int(part["local_end"]), tuple(map(piece, part["tail"])))
     return Manifest(int(found["generation"]), int(found["epoch"]), str(found["writer"]),
                     {str(k): int(v) for k, v in found["streams"].items()}, partitions,
                     tuple((str(key), int(after)) for key, after in found["garbage"]))
@@ -274,7 +356,7 @@ def read(store, generation: int) -> Manifest:
     """Generation `generation`, whole: its object, or the whole object its chain of
     deltas starts from and the deltas after it (fetched together)."""
     key = key_of(generation)
-    found = decode_object(store.get(key), key)
+    found = fetch(store, generation)
     if isinstance(found, Manifest):
         return found
     base = read(store, found.full)
@@ -283,8 +365,7 @@ def read(store, generation: int) -> Manifest:
                             f"which is not a whole manifest")
     wanted = range(found.full + 1, generation)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        deltas = list(pool.map(lambda g: decode_object(store.get(key_of(g)), key_of(g)),
-                               wanted))
+        deltas = list(pool.map(lambda g: fetch(store, g), wanted))
     current = base
     for delta in [*deltas, found]:
         current = apply(current, delta) if isinstance(delta, Delta) else delta
@@ -310,9 +391,8 @@ def newer(store, manifest: Manifest) -> Manifest:
 
 
 def _get_generation(store, generation: int) -> Manifest | Delta | None:
-    key = key_of(generation)
     try:
-        return decode_object(store.get(key), key)
+        return fetch(store, generation)
     except ObjectNotFound:
         return None
 
@@ -321,22 +401,37 @@ def _step(current: Manifest, found: Manifest | Delta) -> Manifest:
     return apply(current, found) if isinstance(found, Delta) else found
 
 
-def commit(store, manifest: Manifest, prior: Manifest | None = None) -> Manifest:
+def commit(store, manifest: Manifest, prior: Manifest | None = None,
+           payload: bytes = b"") -> Manifest:
     """Commit `manifest` as its generation: as a Delta of `prior` (its predecessor, as
-    this writer committed or read it) when it can be one, else whole. Returns it as
-    committed. Raises Fenced when a writer with a higher epoch committed that
-    generation first; PreconditionFailed when one with the same or a lower epoch did
+    this writer committed or read it) when it can be one, else whole; its object
+    carries `payload`, the bytes its pieces keyed by its own key name (each piece's `at`
+    is where it starts in `payload`). Returns it as committed, as a reader reads it
+    (its own pieces at their place in the object). Raises Fenced when a writer with a
+    higher epoch committed that generation first; CommittedBefore when this writer
+    did, in an attempt whose answer was lost (a request that failed may have taken
+    effect); PreconditionFailed when another writer with the same or a lower epoch did
     (a race between openers: take_over tries the next generation)."""
-    data = encode_delta(manifest, prior) if prior is not None else None
-    based_on = prior.based_on if data is not None else manifest.generation
+    own = [p for part in manifest.partitions.values() for p in part.tail
+           if p.key == manifest.key]
+    if any(p.at + p.size > len(payload) for p in own) or (bool(own) != bool(payload)):
+        raise ValueError(f"generation {manifest.generation}: its pieces do not match the "
+                         f"{len(payload)} bytes of its payload")
+    data = encode_delta(manifest, prior, payload) if prior is not None else None
+    data = data or encode(manifest, payload)
     try:
-        store.put(manifest.key, data or encode(manifest), if_absent=True)
-        return dataclasses.replace(manifest, based_on=based_on)
+        store.put(manifest.key, data, if_absent=True)
+        found = decode_object(data, manifest.key)
+        return apply(prior, found) if isinstance(found, Delta) else found
     except PreconditionFailed:
-        winner = decode_object(store.get(manifest.key), manifest.key)
+        winner = fetch(store, manifest.generation)
     if winner.epoch > manifest.epoch:
         raise Fenced(f"the log was taken over by a newer writer (epoch {winner.epoch}, "
                      f"{winner.writer}); this writer (epoch {manifest.epoch}) stops")
+    if (winner.epoch, winner.writer) == (manifest.epoch, manifest.writer):
+        raise CommittedBefore(f"generation {manifest.generation} holds an earlier "
+                              f"attempt of this writer's, whose answer was lost",
+                              read(store, manifest.generation))
     raise PreconditionFailed(f"generation {manifest.generation} was committed by epoch "
                              f"{winner.epoch} first")
 

@@ -18,10 +18,11 @@ most about that even when the log goes quiet.
 Durability "remote" (group_commit.py): the same job also commits the tail. Between the
 full rounds (every `interval_s`: the take-over check, idle rolls, sealed segments) it
 runs tail rounds whenever acks wait, at most one per `commit_interval_s` (sooner when
-`commit_bytes` wait): one tail object for every partition with new records and one
-generation naming its pieces, after which the gate releases the acks the store holds.
-Tail objects no piece names any more go on the manifest's garbage list, and are
-deleted after `grace_s` (longer than any reader keeps a generation pinned).
+`commit_bytes` wait): one generation whose object carries the new records of every
+partition as its payload (one PUT), after which the gate releases the acks the store
+holds. Generations whose payload no piece names any more go on the manifest's garbage
+list (and objects of any kind no generation names), and are deleted after `grace_s`
+(longer than any reader keeps a generation pinned).
 
 The store down or slow: a round's error is kept (`error`), logged once per kind, and the
 next round tries again after `retry_s` (the store port's Retrying handles the backoff
@@ -38,7 +39,7 @@ import time
 
 from ..clock import SYSTEM_CLOCK
 from ..errors import (Fenced, LogClosed, ObjectNotFound, PartitionFailed, ReadOnlyLog,
-                      StoreError)
+                      StoreError, StoreUnavailable)
 from . import manifest as manifests
 from .group_commit import AckGate, tail_runs
 from .manifest import Manifest, PartitionManifest, TailPiece
@@ -231,25 +232,31 @@ class Tiering:
                 proposed, count, nbytes = self._name_ready(proposed, part)
                 uploaded += count
                 self.stats["bytes"] += nbytes
-        tail_bytes = self._add_tail(proposed, parts) if self.gate is not None else None
-        if tail_bytes is not None:
-            proposed = tail_bytes[0]
+        tail = self._add_tail(proposed, parts) if self.gate is not None else None
+        payload = b""
+        if tail is not None:
+            proposed, payload = tail
         if full:
             proposed = self._sweep(proposed)
             self._prune_manifests()
-        if uploaded or tail_bytes is not None or streams != current.streams or (
+        if uploaded or tail is not None or streams != current.streams or (
                 proposed.garbage != current.garbage):
             proposed = self._with_garbage(current, dataclasses.replace(
                 proposed, streams=streams, partitions={
                     **proposed.partitions, **{
                         part.name: self._with_local_end(proposed, part) for part in parts}}))
-            self.manifest = manifests.commit(self.store, proposed.successor(), current)
+            try:
+                self.manifest = manifests.commit(self.store, proposed.successor(),
+                                                 current, payload)
+            except manifests.CommittedBefore as landed:
+                self._adopt(landed.manifest)  # (what this round had goes in the next)
+                return 0
             self._forget_named()
             self.stats["commits"] += 1
             self.stats["puts"] += 1
-            if tail_bytes is not None:
+            if tail is not None:
                 self.stats["tail_commits"] += 1
-                self.stats["tail_bytes"] += tail_bytes[1]
+                self.stats["tail_bytes"] += len(payload)
         self.stats["segments"] += uploaded
         self.stats["rounds"] += 1
         for part in parts:  # local retention keeps what the store does not have
@@ -276,8 +283,9 @@ class Tiering:
                 pass  # nothing more is written there: what is sealed goes up
 
     def _add_tail(self, proposed: Manifest, parts):
-        """(proposed with the tail pieces of one new tail object, its bytes), or None
-        when no partition has records the store lacks. Puts the object."""
+        """(proposed with the new tail pieces, the payload holding them), or None when
+        no partition has records the store lacks. The pieces are keyed by the
+        generation about to be committed, at their place in its payload."""
         runs = {}
         for part in parts:
             found = tail_runs(part.state, proposed.partitions.get(part.name,
@@ -286,7 +294,7 @@ class Tiering:
                 runs[part.name] = found
         if not runs:
             return None
-        key = f"tail/{proposed.epoch}/{proposed.generation + 1:020d}"
+        key = manifests.key_of(proposed.generation + 1)
         chunks, placed, at = [], [], 0
         for name, found in runs.items():
             for run in found:
@@ -298,19 +306,17 @@ class Tiering:
                 chunks.append(data)
                 placed.append((name, run, at))
                 at += run.size
-        self.store.put(key, b"".join(chunks))
-        self.stats["puts"] += 1
         partitions = dict(proposed.partitions)
         for name, run, offset in placed:
             part = partitions.get(name, PartitionManifest())
-            piece = TailPiece(key, at, offset, run.size, run.segment.base_offset,
+            piece = TailPiece(key, 0, offset, run.size, run.segment.base_offset,
                               run.position, run.base_offset, run.end_offset)
             first = not part.segments and not part.tail
             partitions[name] = dataclasses.replace(
                 part, tail=(*part.tail, piece),
                 start_offset=run.base_offset if first else part.start_offset,
                 committed_end=max(part.committed_end, run.end_offset))
-        return dataclasses.replace(proposed, partitions=partitions), at
+        return dataclasses.replace(proposed, partitions=partitions), b"".join(chunks)
 
     # -- retention and truncation: new generations, the dropped objects swept later ------
 
@@ -362,23 +368,29 @@ class Tiering:
             updated = dataclasses.replace(found, segments=segments, tail=tuple(tail),
                                           committed_end=committed,
                                           local_end=min(found.local_end, end))
+            payload = b""
             if self.gate is not None and committed < end:
                 # durability remote: what the cut kept of a segment the store had whole
                 # goes up as tail pieces in the same generation, so the store never
                 # lacks an acknowledged record below the cut
-                with_tail = self._add_tail(dataclasses.replace(current, partitions={
-                    **current.partitions, part.name: updated}), [part])
-                updated = with_tail[0].partitions[part.name]
+                with_tail, payload = self._add_tail(dataclasses.replace(
+                    current, partitions={**current.partitions, part.name: updated}), [part])
+                updated = with_tail.partitions[part.name]
                 updated = dataclasses.replace(updated, local_end=updated.committed_end)
-            self._commit_partition(current, part.name, updated)
+            self._commit_partition(current, part.name, updated, payload)
             return end
 
     def _commit_partition(self, current: Manifest, name: str,
-                          updated: PartitionManifest) -> None:
+                          updated: PartitionManifest, payload: bytes = b"") -> None:
         proposed = self._with_garbage(current, dataclasses.replace(
             current, partitions={**current.partitions, name: updated}))
         try:
-            self.manifest = manifests.commit(self.store, proposed.successor())
+            self.manifest = manifests.commit(self.store, proposed.successor(),
+                                             payload=payload)
+        except manifests.CommittedBefore as landed:
+            self._adopt(landed.manifest)
+            raise StoreUnavailable(f"{landed}: this change was not made; try it again",
+                                   key=landed.key) from None
         except Fenced as error:
             self.fenced = True
             if self.gate is not None:
@@ -400,19 +412,20 @@ class Tiering:
 
     def _prune_manifests(self) -> None:
         """Delete manifest generations older than the grace period that the current
-        chain does not start from (at most PRUNE_MAX a round, one LIST at most every
-        PRUNE_EVERY_S): the listing that opens and take-overs do stays bounded."""
+        chain does not start from and whose payload no tail piece names any more (at
+        most PRUNE_MAX a round, one LIST at most every PRUNE_EVERY_S): the listing that
+        opens and take-overs do stays bounded."""
         now = self.clock.monotonic_s()
         if now < self._prune_due:
             return
         self._prune_due = now + PRUNE_EVERY_S
         keep_from = self.manifest.based_on or self.manifest.generation
         before_us = self.clock.wall_us() - int(self.grace_s * 1e6)
-        old = []
+        named, old = _named(self.manifest), []
         for meta in self.store.list(manifests.PREFIX.rstrip("/")):
             generation = manifests.generation_of(meta.key)
             if generation is not None and generation < keep_from and (
-                    meta.last_modified_us < before_us):
+                    meta.last_modified_us < before_us) and meta.key not in named:
                 old.append(meta.key)
         for key in old[:PRUNE_MAX]:
             self.store.delete(key)
@@ -437,9 +450,13 @@ class Tiering:
         nothing to upload."""
         key = manifests.key_of(self.manifest.generation + 1)
         try:
-            found = manifests.decode_object(self.store.get(key), key)
+            found = manifests.fetch(self.store, self.manifest.generation + 1)
         except ObjectNotFound:
             return
+        if (found.epoch, found.writer) == (self.manifest.epoch, self.manifest.writer):
+            # this writer's own commit, whose answer was lost: go on from it
+            self._adopt(manifests.read(self.store, found.generation))
+            return self._check_not_taken_over()
         if found.epoch > self.manifest.epoch:
             self.fenced = True
             raise Fenced(f"the log was taken over by a newer writer (epoch {found.epoch}, "
@@ -448,6 +465,16 @@ class Tiering:
         raise StoreError(f"generation {found.generation} was committed by another writer "
                          f"of epoch {found.epoch} (this one's is {self.manifest.epoch})",
                          key=key)
+
+    def _adopt(self, manifest: Manifest) -> None:
+        """Go on from `manifest`, a generation this writer committed in an attempt
+        whose answer was lost (manifests.CommittedBefore): it holds what that attempt
+        did (segments named, tail pieces), and the gate releases what it holds."""
+        log.info("generation %d was committed by this writer in an attempt whose answer "
+                 "was lost: going on from it", manifest.generation)
+        self.manifest = manifest
+        self._forget_named()
+        self.stats["commits"] += 1
 
     # -- sealed segments: put (inline, or by the uploader thread), then named ------------
 

@@ -4,6 +4,7 @@ in-memory store (testing/memstore.py) with real threads where openers race."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -28,7 +29,7 @@ def sample(generation: int = 7, epoch: int = 3) -> Manifest:
 def test_a_manifest_round_trips_and_names_its_generation():
     manifest = sample()
     data = encode(manifest)
-    assert data.startswith(b"streamlog-manifest 1 ")
+    assert data.startswith(b"streamlog-manifest 2 ")
     assert decode(data, key_of(7)) == manifest
     assert manifest.key == key_of(7) == "manifest/00000000000000000007"
     assert generation_of(manifest.key) == 7
@@ -37,8 +38,13 @@ def test_a_manifest_round_trips_and_names_its_generation():
 
 @pytest.mark.parametrize("damage, reason", [
     (lambda data: b"x" + data[1:], "not a manifest"),
-    (lambda data: data.replace(b"streamlog-manifest 1", b"streamlog-manifest 9", 1),
+    (lambda data: data.replace(b"streamlog-manifest 2", b"streamlog-manifest 9", 1),
      "format 9"),
+    (lambda data: b"streamlog-manifest 1 " + data.split(b" ", 3)[2] + b"\n"
+     + data.partition(b"\n")[2], "format 1, this version reads 2"),
+    (lambda data: data.partition(b"\n")[0].rsplit(b" ", 1)[0] + b"\n"
+     + data.partition(b"\n")[2], "manifest header"),
+    (lambda data: data[:-5], "cut short"),
     (lambda data: data[:-2] + bytes([data[-2] ^ 1]) + data[-1:], "checksum mismatch"),
     (lambda data: data.partition(b"\n")[0], "not a manifest"),
 ])
@@ -134,7 +140,7 @@ def _with_piece(manifest: Manifest, name: str, n: int) -> Manifest:
     import dataclasses
     part = manifest.partitions[name]
     end = part.committed_end
-    piece = TailPiece(f"tail/3/{n:020d}", 100, 10 * n % 100, 10, 120, 10 * n, end, end + 2)
+    piece = TailPiece(key_of(n - 1), 100, 10 * n % 100, 10, 120, 10 * n, end, end + 2)
     return manifest.successor(partitions={**manifest.partitions, name: dataclasses.replace(
         part, tail=part.tail + (piece,), committed_end=end + 2, local_end=end + 2)})
 
@@ -180,3 +186,108 @@ def test_a_generation_that_changes_more_than_the_tail_is_stored_whole():
     current = commit(store, changed, current)
     assert isinstance(decode_object(store.get(key_of(2)), key_of(2)), Manifest)
     assert latest(store) == changed
+
+
+def _with_own_piece(manifest: Manifest, name: str, data: bytes, **changes) -> Manifest:
+    """`manifest`'s successor with one more tail piece in partition `name`, in the
+    successor's own payload (`data`, at 0), as the tiering job proposes one."""
+    import dataclasses
+    from streamlog.remote.manifest import TailPiece
+    part = manifest.partitions[name]
+    end, position = part.committed_end, sum(p.size for p in part.tail)
+    piece = TailPiece(key_of(manifest.generation + 1), 0, 0, len(data), 120, position,
+                      end, end + 1)
+    return manifest.successor(partitions={**manifest.partitions, name: dataclasses.replace(
+        part, tail=part.tail + (piece,), committed_end=end + 1, local_end=end + 1)},
+        **changes)
+
+
+def test_a_generation_carries_its_tail_bytes_and_readers_find_them_in_its_object():
+    """A group commit is one object: the generation and the tail bytes it names. Its
+    pieces come back keyed by the generation, at their place in its object, whether
+    it was stored as a delta or whole, for the writer and for every reader alike."""
+    from streamlog.remote.manifest import decode_object, newer, read
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    history, payloads = [current], {}
+    for n in range(1, 6):
+        data = b"%d" % n * (100 + n)
+        changes = {"streams": {"s": 2, "t": n}} if n == 3 else {}  # 3 is stored whole
+        current = commit(store, _with_own_piece(current, f"s/{n % 2}", data, **changes),
+                         current, data)
+        history.append(current)
+        payloads[key_of(n)] = data
+    assert isinstance(decode_object(store.get(key_of(3)), key_of(3)), Manifest)
+    assert not isinstance(decode_object(store.get(key_of(4)), key_of(4)), Manifest)
+    pieces = [p for part in current.partitions.values() for p in part.tail]
+    assert sorted(p.key for p in pieces) == sorted(payloads)
+    for piece in pieces:
+        whole = store.get(piece.key)
+        assert piece.object_size == len(whole)
+        assert whole[piece.at:piece.at + piece.size] == payloads[piece.key]
+    assert latest(store) == current
+    assert [read(store, g) for g in range(6)] == history
+    assert newer(store, history[1]) == current
+
+
+class _Counting:
+    """A store that records what each read fetched."""
+
+    def __init__(self, store) -> None:
+        self.store, self.fetched = store, []
+
+    def get(self, key):
+        data = self.store.get(key)
+        self.fetched.append(("get", key, len(data)))
+        return data
+
+    def get_range(self, key, start, end):
+        data = self.store.get_range(key, start, end)
+        self.fetched.append(("get_range", key, len(data)))
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_reading_a_generation_fetches_its_manifest_not_its_payload():
+    """Opening and polling read the manifest part only: a generation carrying 1 MiB of
+    tail costs one ranged GET of its first bytes; a whole manifest longer than that
+    costs one more for the rest of its body."""
+    from streamlog.remote.manifest import HEAD_BYTES, fetch, read
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    big = b"x" * 2**20
+    current = commit(store, _with_own_piece(current, "s/0", big), current, big)
+    counting = _Counting(store)
+    assert read(counting, 1) == current
+    assert [what for what, _, _ in counting.fetched] == ["get_range", "get_range"]
+    assert sum(n for _, _, n in counting.fetched) <= 2 * HEAD_BYTES
+    many = tuple(SegmentObject(120 * i, 120 * (i + 1), f"segments/s/0/{i:020d}.log", 4096,
+                               "ab" * 16, None, 0, 1, 1) for i in range(2000))
+    import dataclasses
+    wide = current.successor(partitions={**current.partitions, "s/1": dataclasses.replace(
+        current.partitions["s/1"], segments=many)})
+    wide = commit(store, wide, current)
+    assert len(store.get(key_of(2))) > HEAD_BYTES
+    counting.fetched.clear()
+    assert fetch(counting, 2) == wide
+    assert [what for what, _, _ in counting.fetched] == ["get_range", "get_range"]
+
+
+def test_a_commit_that_finds_its_own_earlier_attempt_is_told_so_with_it():
+    """An attempt whose answer was lost may have taken effect: the writer's next
+    commit of that generation, holding more, gets CommittedBefore with the generation
+    as committed (not a race lost to another writer, not a fence)."""
+    from streamlog.remote.manifest import CommittedBefore
+    store = MemoryStore()
+    base = commit(store, sample(0))
+    landed = commit(store, _with_own_piece(base, "s/0", b"first"), base, b"first")
+    more = b"first, and more"
+    retry = _with_own_piece(base, "s/0", more)  # the same generation, holding more
+    with pytest.raises(CommittedBefore) as caught:
+        commit(store, retry, base, more)
+    assert caught.value.manifest == latest(store) == landed
+    with pytest.raises(PreconditionFailed) as other:  # another writer of that epoch
+        commit(store, dataclasses.replace(retry, writer="someone else"), base, more)
+    assert not isinstance(other.value, CommittedBefore)

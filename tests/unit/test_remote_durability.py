@@ -1,6 +1,6 @@
 """Durability "remote" (remote/group_commit.py, tiering.py): an ack means a committed
-manifest generation holds the record. Group commits put one tail object for every
-partition with new records; sealed segments replace their pieces; a restore after
+manifest generation holds the record. A group commit is one PUT: the generation,
+carrying the new records of every partition; sealed segments replace their pieces; a restore after
 the machine is lost has every acknowledged record at its offset; the store down is a
 StoreTimeout, never a crash or a loss; a newer writer fences the acks. In memory:
 MemoryFileIO per machine, MemoryStore for the store; real threads."""
@@ -82,19 +82,43 @@ def test_an_ack_means_a_committed_generation_holds_the_record():
             assert view.last_commit("s", 0, "q") == b"m1"
 
 
-def test_one_tail_object_per_commit_for_every_partition_with_new_records():
+class _CountingStore(MemoryStore):
+    """The in-memory store, keeping the keys of the PUTs that reach it."""
+
+    keys: list = []
+
+    def put(self, key, data, **conditions):
+        result = super().put(key, data, **conditions)
+        type(self).keys.append(key)
+        return result
+
+
+def test_one_put_per_commit_for_every_partition_with_new_records():
+    """A group commit is one object: the generation, carrying the records of every
+    partition with new ones. The store sees one PUT per commit (and the take-over's)."""
     bucket = MemoryBucket()
-    with open_remote(bucket, remote_commit_ms=20) as log:
+    _CountingStore.keys = []
+    log = streamlog.open_log("/data/log", remote=_CountingStore(bucket), **machine(),
+                             **{**OPTIONS, "remote_commit_ms": 20})
+    with log:
         log.create_stream("s", 3)
         append_from_threads(log, threads=9, each=30)
-        stats = dict(log.tiering.stats)
-        newest = manifests.latest(MemoryStore(bucket))
+    stats = dict(log.tiering.stats)  # (closing may commit more)
+    newest = manifests.latest(MemoryStore(bucket))
     assert stats["tail_commits"] < 9 * 30 / 2  # acks were grouped
     keys = {piece.key for part in newest.partitions.values() for piece in part.tail}
+    assert keys and all(manifests.generation_of(key) is not None for key in keys)
     shared = [key for key in keys if sum(
         piece.key == key for part in newest.partitions.values() for piece in part.tail) >= 2]
-    assert shared, "no tail object held pieces of several partitions"
-    assert stats["puts"] >= 2 * stats["tail_commits"]  # the object and the manifest
+    assert shared, "no generation held pieces of several partitions"
+    assert all(part.segments == () for part in newest.partitions.values())  # none sealed
+    # one PUT per commit, + the take-over's generation (and, at the close, sealed
+    # segment objects: no tail goes anywhere else)
+    generations = [key for key in _CountingStore.keys if key.startswith("manifest/")]
+    assert len(generations) == len(set(generations)) == stats["commits"] + 1
+    assert all(key.startswith("segments/") for key in _CountingStore.keys
+               if key not in generations)
+    assert stats["tail_commits"] <= stats["commits"]
 
 
 def test_a_restore_after_losing_the_machine_has_every_acknowledged_record():
@@ -114,7 +138,7 @@ def test_a_restore_after_losing_the_machine_has_every_acknowledged_record():
     log.tiering.close()
 
 
-def test_sealed_segments_replace_their_pieces_and_unnamed_tail_objects_are_swept():
+def test_sealed_segments_replace_their_pieces_and_unnamed_payloads_are_swept():
     bucket = MemoryBucket()
     store = MemoryStore(bucket)
     with open_remote(bucket, remote_grace_s=0.05) as log:
@@ -131,7 +155,9 @@ def test_sealed_segments_replace_their_pieces_and_unnamed_tail_objects_are_swept
         time.sleep(0.1)
         log.tiering.run_once()
         assert manifests.latest(store).garbage == ()
-        assert not [meta for meta in store.list("tail") if meta.key in garbage]
+        assert garbage and all(manifests.generation_of(key) is not None
+                               for key in garbage)  # the generations that held pieces
+        assert not [meta for meta in store.list("manifest") if meta.key in garbage]
         with streamlog.open_log(MemoryStore(bucket)) as view:
             assert [r.value for r in view.reader("s", 0)] == [
                 r.value for r in log.reader("s", 0)]
@@ -237,3 +263,25 @@ def test_seeks_by_time_are_exact_across_segment_objects_and_tail_pieces():
             assert first.offset == boundary - 2
             assert [r.offset for r in view.reader("s", 0, from_offset=boundary - 2)] == list(
                 range(boundary - 2, 500))
+
+
+def test_a_commit_whose_answer_was_lost_is_gone_on_from_never_fought():
+    """A group commit's PUT that took effect but whose answer was lost (the store
+    failing mid-request) leaves the writer unsure; its next round, holding more
+    records, finds that generation committed by itself, goes on from it, and commits
+    the rest after it: no stall, no record twice, none lost, every ack given."""
+    bucket = MemoryBucket()
+    store = MemoryStore(bucket)
+    with streamlog.open_log("/data/log", remote=store, **machine(), **OPTIONS) as log:
+        log.create_stream("s", 3)
+        acked = append_from_threads(log, threads=3, each=5)
+        for _ in range(3):
+            store.lose_response_next("put")
+            for partition, items in append_from_threads(log, threads=3, each=5).items():
+                acked[partition] += items
+        assert log.tiering.error is None
+        ends = {n: store_end(bucket, f"s/{n}") for n in range(3)}
+    assert ends == {n: len(items) for n, items in acked.items()}
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        for partition, items in acked.items():
+            assert [(r.offset, r.value) for r in view.reader("s", partition)] == sorted(items)
