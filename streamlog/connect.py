@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
@@ -19,7 +20,10 @@ from .fileio import OsFileIO
 from .log import Log
 
 
-def open_log(path, *, fsync: str = "always", readonly: bool = False, create: bool = True,
+_FSYNC_DEFAULT: Any = object()  # open_log's fsync when none is given (see there)
+
+
+def open_log(path, *, fsync: str = _FSYNC_DEFAULT, readonly: bool = False, create: bool = True,
              config: LogConfig | None = None, fileio=None, progress=None, clock=None,
              index_storage=None, remote=None, storage_options=None, **options) -> "Log":
     """Open (and by default create) the log at directory `path`, connect to the
@@ -28,7 +32,10 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     `path`): read-only, from any machine, with no local state (remote/view.py).
 
     Args:
-        fsync: "always" | "interval" | "never" (see FsyncPolicy).
+        fsync: "always" | "interval" | "never" (see FsyncPolicy). Default: `config`'s,
+            else "always"; "never" under durability="remote", whose acks wait for the
+            store instead (an open that finds the store ahead of the local log, after a
+            power loss, restores those partitions from it).
         readonly: a view: never modifies a file (several processes may write the
             log; a following reader of a view takes their appends in by itself, and
             refresh() takes everything in).
@@ -62,6 +69,10 @@ def open_log(path, *, fsync: str = "always", readonly: bool = False, create: boo
     unknown = set(options) - set(LogConfig.__dataclass_fields__)
     if unknown:
         raise InvalidArgument(f"unknown option(s): {', '.join(sorted(unknown))}")
+    if fsync is _FSYNC_DEFAULT:
+        remote_acks = options.get("durability", getattr(base, "durability", None)) == "remote"
+        fsync = getattr(base, "fsync", "always") if config is not None else (
+            "never" if remote_acks else "always")
     try:
         merged = dataclasses.replace(base, fsync=fsync, **options)
     except TypeError as error:

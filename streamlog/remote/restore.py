@@ -99,32 +99,10 @@ def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
                 part = manifest.partitions.get(name)
                 if part is None or not (part.segments or part.tail):
                     continue
-                fetched = pool.map(lambda segment: (segment, _fetch(store, segment)),
-                                   part.segments)
-                for segment, data in fetched:
-                    segment_path = os.path.join(directory, segment_name(segment.base_offset))
-                    write_file_atomic(fileio, segment_path, data)
-                    write_seal(fileio, segment_path, size_bytes=len(data),
-                               digest=xxhash.xxh3_64_intdigest(data), sealed_at_us=now_us,
-                               end_offset=segment.end_offset)
-                    report.segments += 1
-                    report.bytes += len(data)
-                    if progress is not None:
-                        progress(name, len(data))
-                for base, data in _tail_segments(store, part.tail):
-                    # durability "remote": the segments the store has as pieces, the
-                    # last of them the active one
-                    write_file_atomic(fileio, os.path.join(directory, segment_name(base)),
-                                      data)
-                    report.bytes += len(data)
-                if not part.tail:
-                    _new_active_segment(fileio, directory, part.committed_end)
-                if part.start_offset > 0 and part.start_hwm_us is not None:
-                    write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
-                                      json.dumps({"marks": [[part.start_offset,
-                                                             part.start_hwm_us]]}).encode())
-                _fill_local_index(store, part.segments, os.path.join(directory, "index"),
-                                  index_storage, map_bytes)
+                restore_partition(store, part, directory, fileio=fileio,
+                                  index_storage=index_storage, map_bytes=map_bytes,
+                                  now_us=now_us, pool=pool, report=report, name=name,
+                                  progress=progress)
                 if part.local_end > part.committed_end:
                     report.lost[name] = (part.committed_end, part.local_end)
     write_file_atomic(fileio, os.path.join(path, MARKER_NAME), json.dumps(FORMAT).encode())
@@ -136,6 +114,52 @@ def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
                     "lost (durability local; perhaps more after them)", name,
                     manifest.generation, first, end - 1)
     return report
+
+
+def restore_partition(store, part, directory: str, *, fileio, index_storage, map_bytes: int,
+                      now_us: int, pool, report: RestoreReport, name: str,
+                      progress=None) -> None:
+    """Write the partition the store holds (`part`, a PartitionManifest) into
+    `directory`, which holds no segment: its segment objects (checked) with their
+    seals, the segments it holds as tail pieces, or an empty active segment at its
+    end; its start marks; its index from the index objects. `pool` fetches."""
+    fetched = pool.map(lambda segment: (segment, _fetch(store, segment)), part.segments)
+    for segment, data in fetched:
+        segment_path = os.path.join(directory, segment_name(segment.base_offset))
+        write_file_atomic(fileio, segment_path, data)
+        write_seal(fileio, segment_path, size_bytes=len(data),
+                   digest=xxhash.xxh3_64_intdigest(data), sealed_at_us=now_us,
+                   end_offset=segment.end_offset)
+        report.segments += 1
+        report.bytes += len(data)
+        if progress is not None:
+            progress(name, len(data))
+    for base, data in _tail_segments(store, part.tail):
+        # durability "remote": the segments the store has as pieces, the last of them
+        # the active one
+        write_file_atomic(fileio, os.path.join(directory, segment_name(base)), data)
+        report.bytes += len(data)
+    if not part.tail:
+        _new_active_segment(fileio, directory, part.committed_end)
+    if part.start_offset > 0 and part.start_hwm_us is not None:
+        write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
+                          json.dumps({"marks": [[part.start_offset,
+                                                 part.start_hwm_us]]}).encode())
+    _fill_local_index(store, part.segments, os.path.join(directory, "index"),
+                      index_storage, map_bytes)
+
+
+def clear_partition(fileio, directory: str, index_storage=None) -> None:
+    """Remove the partition's segments, seals, start marks and index (before it is
+    restored again from the store): the index first, then the segments from the
+    oldest, so what a crash here leaves is a partition that starts later and ends
+    where it did (the next open finds it behind the store again)."""
+    wipe_index(os.path.join(directory, "index"), storage=index_storage)
+    names = sorted(fileio.listdir(directory)) if fileio.exists(directory) else []
+    for name in names:
+        if name.endswith((".log", ".seal")) or name == START_MARKS_NAME:
+            fileio.unlink(os.path.join(directory, name))
+    fileio.fsync_dir(directory)
 
 
 def _fetch(store, segment) -> bytes:

@@ -93,10 +93,12 @@ object store:
   loopback and prints them). Starting takes the log over in the store: an older writer
   of it is fenced. --durability local (the default): an acknowledged append is durable
   on this machine's disk. --durability remote: an append is acknowledged once the store
-  holds it (group commits every --remote-commit-ms, default 10: one object for every
-  partition with new records, then one manifest generation); losing the machine loses
+  holds it (group commits every --remote-commit-ms, default 10: one object, a manifest
+  generation carrying the new records of every partition); losing the machine loses
   nothing acknowledged, and an append the store does not take within
-  --remote-timeout-s fails with a timeout. An empty LOG directory continues from the
+  --remote-timeout-s fails with a timeout. It needs no local fsync (--fsync defaults to
+  never): a start that finds the store ahead of the local log (a power loss) restores
+  those partitions from the store. An empty LOG directory continues from the
   store. `streamlog info streamlog://HOST:PORT --json` shows each partition's
   remote_committed_offset.
 
@@ -158,9 +160,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--txn-timeout-s", type=float, default=900.0, metavar="S",
                         help="abort a transaction left open this long (a client that "
                              "died before committing; default 900); 0: never")
-    parser.add_argument("--fsync", choices=("always", "interval", "never"), default="always",
+    parser.add_argument("--fsync", choices=("always", "interval", "never"),
                         help="the log's fsync policy (default always: an acknowledged "
-                             "append is on stable storage)")
+                             "append is on stable storage; never under --durability "
+                             "remote, where the store is)")
     parser.add_argument("--fsync-interval-ms", type=_positive, default=50, metavar="MS",
                         help="with --fsync interval: at most this long between fsyncs "
                              "(default 50)")
@@ -302,7 +305,8 @@ async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):
 
 def _open_log(args: argparse.Namespace, metrics: Metrics):
     from ..connect import open_log
-    log = open_log(args.log, fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
+    fsync = {"fsync": args.fsync} if args.fsync else {}  # (else open_log's default)
+    log = open_log(args.log, **fsync, fsync_interval_ms=args.fsync_interval_ms,
                    fileio=TimedFileIO(metrics.fsync_seconds),
                    scrub_interval_s=args.scrub_interval_s, remote=args.remote,
                    remote_max_lag_s=args.remote_max_lag_s, durability=args.durability,

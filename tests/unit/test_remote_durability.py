@@ -8,6 +8,7 @@ MemoryFileIO per machine, MemoryStore for the store; real threads."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 
@@ -263,6 +264,56 @@ def test_seeks_by_time_are_exact_across_segment_objects_and_tail_pieces():
             assert first.offset == boundary - 2
             assert [r.offset for r in view.reader("s", 0, from_offset=boundary - 2)] == list(
                 range(boundary - 2, 500))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_power_loss_that_leaves_the_local_log_behind_the_store_is_caught_up(seed):
+    """Durability "remote" acknowledges once the store holds a record, whatever the
+    local fsync: here there is none (fsync "never"), and the power fails. The local
+    log may then lack records the store acknowledged; the next open restores those
+    partitions from the store, so every acknowledged record is there at its offset,
+    the appends after it go on past them (never over them), and the store and the
+    local log read the same."""
+    from streamlog.testing import FaultFileIO
+    rng = random.Random(seed)
+    bucket, memory, storage = MemoryBucket(), MemoryFileIO(), MemoryIndexStorage()
+
+    def boot():
+        fs = FaultFileIO(seed, inner=memory)
+        storage.reboot()
+        storage.attach(fs)
+        return {"fileio": fs, "index_storage": storage}
+
+    options = {**OPTIONS, "fsync": "never",
+               "segment_bytes_max": rng.choice([4096, 8192, 65536])}
+    disk = boot()
+    log = streamlog.open_log("/data/log", remote=MemoryStore(bucket), **disk, **options)
+    log.create_stream("s", 3)
+    if rng.random() < 0.5:  # some of it made durable locally before
+        acked = append_from_threads(log, threads=2, each=10)
+        log.close()
+        disk = boot()
+        log = streamlog.open_log("/data/log", remote=MemoryStore(bucket), **disk, **options)
+    else:
+        acked = {0: [], 1: [], 2: []}
+    for partition, items in append_from_threads(log, threads=3, each=rng.randint(5, 40)).items():
+        acked[partition] += items
+    disk["fileio"].crash(random.Random(seed), rng.choice(["drop_unsynced", "torn"]))
+    disk["fileio"].abandon(log)
+    log.tiering.close()
+    ends = {n: store_end(bucket, f"s/{n}") for n in range(3)}
+    with streamlog.open_log("/data/log", remote=MemoryStore(bucket), **boot(),
+                            **options) as log:
+        for partition, items in acked.items():
+            got = {r.offset: r.value for r in log.reader("s", partition)}
+            assert all(got.get(offset) == value for offset, value in items), partition
+            assert log.end_offset("s", partition) >= ends[partition]
+            after = log.append_sync("s", b"after", partition=partition)
+            assert after.offset == log.end_offset("s", partition) - 1 >= ends[partition]
+        with streamlog.open_log(MemoryStore(bucket)) as view:
+            for partition in range(3):
+                assert [(r.offset, r.value) for r in view.reader("s", partition)] == [
+                    (r.offset, r.value) for r in log.reader("s", partition)]
 
 
 def test_a_commit_whose_answer_was_lost_is_gone_on_from_never_fought():

@@ -170,10 +170,23 @@ def test_a_restore_that_died_half_way_is_taken_up_again(lost_machine):
             assert records(log, n) == had[n]
 
 
-def test_a_directory_holding_a_log_is_not_restored_over(lost_machine):
+def test_a_directory_holding_a_log_keeps_it_and_takes_in_what_the_store_holds_more_of(
+        lost_machine):
+    """A tiered open of a directory that holds a log does not restore over it: its
+    streams stay as they are; what the store holds and the directory lacks (here the
+    lost machine's stream) is restored beside them, so the local log never writes
+    other records at offsets the store has."""
     bucket, had, local_ends, ends, old = lost_machine
     disk = machine()
     with streamlog.open_log("/data/log", **disk, **SMALL) as local:
         local.create_stream("mine")
+        local.append_sync("mine", b"kept")
     with open_tiered(bucket, disk) as log:
-        assert log.restored is None and "mine" in log.streams()
+        assert sorted(log.streams()) == ["mine", "s"]
+        assert [r.value for r in log.reader("mine", 0)] == [b"kept"]
+        for n in (0, 1):
+            assert records(log, n, to_offset=ends[n]) == had[n]
+            assert log.end_offset("s", n) == ends[n]
+        assert log.restored.segments > 0 and log.restored.lost == {}
+    with open_tiered(bucket, disk) as log:  # caught up: nothing to restore again
+        assert log.restored is None
