@@ -24,6 +24,15 @@ HEAD_BYTES (`fetch`), and the rest of the body when it is longer, never the payl
 A manifest that fails its check is damage, named by its key (CorruptObject); a
 generation is never skipped over to an older one silently.
 
+Deltas and snapshots: generation 0 is written whole; every later one is a Delta of its
+predecessor (what it changes, partition by partition), so a commit costs what it
+changes, never what the log holds. A chain of deltas starts from a whole manifest:
+the writer stores one now and then off its commit path (`write_snapshot`, every
+SNAPSHOT_EVERY generations: the tiering job's background thread), and its later deltas
+start from the newest it has stored; a chain that reaches DELTA_CHAIN_MAX (snapshots
+failing) is cut by writing a generation whole. Reading generation g (`read`) is its
+object, the snapshot its chain starts from and the deltas between, fetched together.
+
 The functions take an `ObjectStore` (store.py); the values are pure.
 """
 
@@ -32,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import operator
 from typing import Any
 
 import xxhash
@@ -42,8 +52,10 @@ MAGIC = b"streamlog-manifest"
 VERSION = 2
 HEAD_BYTES = 64 * 2**10  # what a read of a generation fetches first (`fetch`)
 PREFIX = "manifest/"
+SNAPSHOTS = "snapshot/"
 TAKE_OVER_ATTEMPTS = 20  # commits lost to racing openers before take_over gives up
-DELTA_CHAIN_MAX = 64  # a generation is written whole at least this often
+SNAPSHOT_EVERY = 64  # generations between the writer's snapshots
+DELTA_CHAIN_MAX = 512  # a generation is written whole when its chain is this long
 NEWER_BATCH = 16  # generations a poll that found some fetches at once
 
 
@@ -138,6 +150,17 @@ def key_of(generation: int) -> str:
     return f"{PREFIX}{generation:020d}"
 
 
+def snapshot_key(generation: int) -> str:
+    """Where the whole manifest of a generation stored as a delta is kept, once the
+    writer has written it (`write_snapshot`), so chains of deltas can start there."""
+    return f"{SNAPSHOTS}{generation:020d}"
+
+
+def snapshot_generation_of(key: str) -> int | None:
+    name = key[len(SNAPSHOTS):] if key.startswith(SNAPSHOTS) else ""
+    return int(name) if len(name) == 20 and name.isdigit() else None
+
+
 def generation_of(key: str) -> int | None:
     """The generation a key under PREFIX names, or None for any other object."""
     name = key[len(PREFIX):] if key.startswith(PREFIX) else ""
@@ -148,19 +171,24 @@ def generation_of(key: str) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class Delta:
-    """A generation stored as what it adds to the one before (`prior`): tail pieces,
-    and new committed and acknowledged ends, per partition. Group commits under
-    durability "remote" are deltas, so a commit's manifest PUT is as small as what it
-    adds, whatever the log holds; every DELTA_CHAIN_MAX generations (and whenever more
-    than the tail changes: sealed segments, retention, streams, garbage) a generation is
-    written whole. `full` names the whole one the chain starts from."""
+    """A generation stored as what it changes in the one before (`prior`): per
+    partition, the tail pieces it adds with the new committed and acknowledged ends
+    (`tails`), or the partition's new entry whole when more changed (`replaced`: a
+    segment named, retention, a cut); the streams and the garbage list when they
+    changed; the partitions it removes. So a commit's PUT is as large as what it
+    changes, whatever the log holds. `full` is the generation the chain starts from,
+    whose whole manifest is its own object or its snapshot (`snapshot_key`)."""
 
     generation: int
     epoch: int
     writer: str
     prior: int
     full: int
-    partitions: dict  # name -> (new tail pieces, committed_end, local_end)
+    tails: dict  # name -> (new tail pieces, committed_end, local_end)
+    replaced: dict = dataclasses.field(default_factory=dict)  # name -> PartitionManifest
+    streams: dict | None = None
+    garbage: tuple | None = None
+    removed: tuple = ()
 
 
 def _frame(body: dict, payload: bytes = b"") -> bytes:
@@ -170,20 +198,19 @@ def _frame(body: dict, payload: bytes = b"") -> bytes:
                                        len(data), data, payload)
 
 
-def _piece_out(piece: TailPiece, own_key: str) -> dict:
-    """A piece as stored: one in the generation's own payload without its key, at its
-    place in the payload (where a proposed generation's pieces are: `commit`), else as
-    it is."""
-    out = dataclasses.asdict(piece)
-    if piece.key == own_key:
-        out["key"], out["object_size"] = "", 0
-    return out
+def _piece_out(piece: TailPiece, own_key: str | None) -> list:
+    """A piece as stored, a list of its fields in order: one in the generation's own
+    payload without its key, at its place in the payload (where a proposed
+    generation's pieces are: `commit`), else as it is."""
+    own = piece.key == own_key
+    return ["" if own else piece.key, 0 if own else piece.object_size, piece.at, piece.size,
+            piece.segment_base, piece.position, piece.base_offset, piece.end_offset]
 
 
-def _piece_in(found: dict, own_key: str, payload_at: int, size: int) -> TailPiece:
+def _piece_in(found: list, own_key: str, payload_at: int, size: int) -> TailPiece:
     """A stored piece; one of the generation's own (no key) at its place in the
     object."""
-    piece = TailPiece(**found)
+    piece = TailPiece(*found)
     if not piece.key:
         piece = dataclasses.replace(piece, key=own_key, at=payload_at + piece.at,
                                     object_size=size)
@@ -195,35 +222,104 @@ def _piece_in(found: dict, own_key: str, payload_at: int, size: int) -> TailPiec
     return piece
 
 
-def encode(manifest: Manifest, payload: bytes = b"") -> bytes:
-    """The whole manifest's object, with `payload` (the bytes of its own pieces)."""
-    return _frame(_plain(manifest), payload)
+def _part_out(part: PartitionManifest, own_key: str | None) -> dict:
+    return {"start_offset": part.start_offset, "committed_end": part.committed_end,
+            "start_hwm_us": part.start_hwm_us, "local_end": part.local_end,
+            "segments": [_segment_out(segment) for segment in part.segments],
+            "tail": [_piece_out(piece, own_key) for piece in part.tail]}
+
+
+def _segment_out(segment: SegmentObject) -> dict:
+    return {name: getattr(segment, name) for name in _SEGMENT_FIELDS}
+
+
+_SEGMENT_FIELDS = tuple(field.name for field in dataclasses.fields(SegmentObject))
+
+
+def _part_in(found: dict, piece) -> PartitionManifest:
+    return PartitionManifest(
+        int(found["start_offset"]), int(found["committed_end"]), found["start_hwm_us"],
+        tuple(SegmentObject(**segment) for segment in found["segments"]),
+        int(found["local_end"]), tuple(map(piece, found["tail"])))
+
+
+def encode(manifest: Manifest, payload: bytes = b"", *, snapshot: bool = False) -> bytes:
+    """The whole manifest's object, with `payload` (the bytes of its own pieces); or,
+    `snapshot`, its snapshot's (no payload: its pieces are all in other objects)."""
+    own = None if snapshot else manifest.key
+    body = {"generation": manifest.generation, "epoch": manifest.epoch,
+            "writer": manifest.writer, "streams": manifest.streams,
+            "garbage": [list(item) for item in manifest.garbage],
+            "partitions": {name: _part_out(part, own)
+                           for name, part in manifest.partitions.items()}}
+    return _frame(body, payload)
 
 
 def encode_delta(manifest: Manifest, prior: Manifest, payload: bytes = b"") -> bytes | None:
-    """`manifest` as a Delta of `prior` (its predecessor, itself based on a whole
-    object), or None when it changes more than tails and ends, or the chain is long."""
+    """`manifest` as a Delta of `prior` (its predecessor, whose chain starts from a
+    whole manifest), or None when the chain is DELTA_CHAIN_MAX long already."""
     if (manifest.generation != prior.generation + 1 or prior.based_on is None
-            or manifest.generation - prior.based_on >= DELTA_CHAIN_MAX
-            or manifest.streams != prior.streams or manifest.garbage != prior.garbage
-            or set(prior.partitions) - set(manifest.partitions)):
+            or manifest.generation - prior.based_on >= DELTA_CHAIN_MAX):
         return None
-    changed = {}
+    tails, replaced = {}, {}
     for name, part in manifest.partitions.items():
-        old = prior.partitions.get(name, PartitionManifest())
+        old = prior.partitions.get(name)
         if part == old:
             continue
-        if (part.segments != old.segments or part.start_offset != old.start_offset
-                or part.start_hwm_us != old.start_hwm_us
-                or part.tail[:len(old.tail)] != old.tail):
-            return None
-        changed[name] = {"tail": [_piece_out(p, manifest.key)
-                                  for p in part.tail[len(old.tail):]],
-                         "committed_end": part.committed_end, "local_end": part.local_end}
+        if old is not None and (
+                part.segments == old.segments and part.start_offset == old.start_offset
+                and part.start_hwm_us == old.start_hwm_us and _extends(part.tail, old.tail)):
+            tails[name] = [[_piece_out(p, manifest.key) for p in part.tail[len(old.tail):]],
+                           part.committed_end, part.local_end]
+        else:
+            replaced[name] = _part_out(part, manifest.key)
+    delta = {"prior": prior.generation, "full": prior.based_on, "tails": tails,
+             "replaced": replaced,
+             "removed": sorted(set(prior.partitions) - set(manifest.partitions))}
+    if manifest.streams != prior.streams:
+        delta["streams"] = manifest.streams
+    if manifest.garbage != prior.garbage:
+        delta["garbage"] = [list(item) for item in manifest.garbage]
     return _frame({"generation": manifest.generation, "epoch": manifest.epoch,
-                   "writer": manifest.writer, "delta": {
-                       "prior": prior.generation, "full": prior.based_on,
-                       "partitions": changed}}, payload)
+                   "writer": manifest.writer, "delta": delta}, payload)
+
+
+def _own_pieces(manifest: Manifest) -> list[TailPiece]:
+    """The pieces keyed by the generation itself: new ones, the last of each tail."""
+    own, found = manifest.key, []
+    for part in manifest.partitions.values():
+        for n in range(len(part.tail) - 1, -1, -1):
+            if part.tail[n].key != own:
+                break
+            found.append(part.tail[n])
+    return found
+
+
+def _extends(tail: tuple, old: tuple) -> bool:
+    """Does `tail` begin with `old`? (Pieces are shared when a tail only grew, so
+    mostly by identity, at C speed.)"""
+    return len(tail) >= len(old) and (all(map(operator.is_, tail, old))
+                                      or tail[:len(old)] == old)
+
+
+def _resolved(manifest: Manifest, payload_at: int, size: int) -> Manifest:
+    """`manifest` (as proposed) with its own pieces at their place in its object, as a
+    reader reads them back. Own pieces are new ones: the last of each tail."""
+    own, partitions = manifest.key, None
+    for name, part in manifest.partitions.items():
+        if not part.tail or part.tail[-1].key != own:
+            continue
+        tail = list(part.tail)
+        for n in range(len(tail) - 1, -1, -1):
+            if tail[n].key != own:
+                break
+            tail[n] = dataclasses.replace(tail[n], at=payload_at + tail[n].at,
+                                          object_size=size)
+        partitions = partitions if partitions is not None else dict(manifest.partitions)
+        partitions[name] = dataclasses.replace(part, tail=tuple(tail))
+    if partitions is None:
+        return manifest
+    return dataclasses.replace(manifest, partitions=partitions)
 
 
 def decode(data: bytes, key: str) -> Manifest:
@@ -271,18 +367,26 @@ def decode_object(data: bytes, key: str) -> Manifest | Delta:
 
         if "delta" in found:
             delta = found["delta"]
-            result = Delta(int(found["generation"]), int(found["epoch"]),
-                           str(found["writer"]), int(delta["prior"]), int(delta["full"]), {
-                               str(name): (tuple(map(piece, part["tail"])),
-                                           int(part["committed_end"]), int(part["local_end"]))
-                               for name, part in delta["partitions"].items()})
+            result = Delta(
+                int(found["generation"]), int(found["epoch"]), str(found["writer"]),
+                int(delta["prior"]), int(delta["full"]),
+                {str(name): (tuple(map(piece, pieces)), int(committed_end), int(local_end))
+                 for name, (pieces, committed_end, local_end) in delta["tails"].items()},
+                {str(name): _part_in(part, piece)
+                 for name, part in delta["replaced"].items()},
+                ({str(k): int(v) for k, v in delta["streams"].items()}
+                 if "streams" in delta else None),
+                (tuple((str(k), int(after)) for k, after in delta["garbage"])
+                 if "garbage" in delta else None),
+                tuple(str(name) for name in delta["removed"]))
         else:
             result = dataclasses.replace(_manifest(found, piece),
                                          based_on=int(found["generation"]))
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptObject(key, at, f"manifest body: {error}") from None
-    if key_of(result.generation) != key or (
-            isinstance(result, Delta) and result.prior != result.generation - 1):
+    if key not in (key_of(result.generation), snapshot_key(result.generation)) or (
+            isinstance(result, Delta) and (result.prior != result.generation - 1
+                                           or key != key_of(result.generation))):
         raise CorruptObject(key, at,
                             f"manifest of generation {result.generation} stored at {key}")
     return result
@@ -309,34 +413,25 @@ def apply(prior: Manifest, delta: Delta) -> Manifest:
         raise CorruptObject(key_of(delta.generation), 0, f"a delta of generation "
                             f"{delta.prior} applied to generation {prior.generation}")
     partitions = dict(prior.partitions)
-    for name, (pieces, committed_end, local_end) in delta.partitions.items():
+    for name in delta.removed:
+        partitions.pop(name, None)
+    partitions.update(delta.replaced)
+    for name, (pieces, committed_end, local_end) in delta.tails.items():
         part = partitions.get(name, PartitionManifest())
         partitions[name] = dataclasses.replace(part, tail=part.tail + pieces,
                                                committed_end=committed_end,
                                                local_end=local_end)
-    return Manifest(delta.generation, delta.epoch, delta.writer, prior.streams, partitions,
-                    prior.garbage, based_on=prior.based_on)
-
-
-def _plain(manifest: Manifest) -> dict:
-    out = dataclasses.asdict(manifest)
-    del out["based_on"]
-    out["garbage"] = [list(item) for item in manifest.garbage]
-    for name, part in manifest.partitions.items():
-        out["partitions"][name]["tail"] = [_piece_out(piece, manifest.key)
-                                           for piece in part.tail]
-    return out
+    return Manifest(delta.generation, delta.epoch, delta.writer,
+                    prior.streams if delta.streams is None else delta.streams, partitions,
+                    prior.garbage if delta.garbage is None else delta.garbage,
+                    based_on=prior.based_on)
 
 
 def _manifest(found: dict[str, Any], piece) -> Manifest:
-    partitions = {}
-    for name, part in found["partitions"].items():
-        segments = tuple(SegmentObject(**segment) for segment in part["segments"])
-        partitions[str(name)] = PartitionManifest(
-            int(part["start_offset"]), int(part["committed_end"]), part["start_hwm_us"],
-            segments, int(part["local_end"]), tuple(map(piece, part["tail"])))
     return Manifest(int(found["generation"]), int(found["epoch"]), str(found["writer"]),
-                    {str(k): int(v) for k, v in found["streams"].items()}, partitions,
+                    {str(k): int(v) for k, v in found["streams"].items()},
+                    {str(name): _part_in(part, piece)
+                     for name, part in found["partitions"].items()},
                     tuple((str(key), int(after)) for key, after in found["garbage"]))
 
 
@@ -353,16 +448,15 @@ def latest(store) -> Manifest | None:
 
 
 def read(store, generation: int) -> Manifest:
-    """Generation `generation`, whole: its object, or the whole object its chain of
-    deltas starts from and the deltas after it (fetched together)."""
+    """Generation `generation`, whole: its object, or the whole manifest its chain of
+    deltas starts from (`whole`) and the deltas after it (fetched together)."""
     key = key_of(generation)
     found = fetch(store, generation)
     if isinstance(found, Manifest):
         return found
-    base = read(store, found.full)
-    if not isinstance(base, Manifest) or base.based_on != found.full:
-        raise CorruptObject(key, 0, f"its chain starts from generation {found.full}, "
-                            f"which is not a whole manifest")
+    base = whole(store, found.full)
+    if found.full >= generation:
+        raise CorruptObject(key, 0, f"its chain starts from generation {found.full}")
     wanted = range(found.full + 1, generation)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         deltas = list(pool.map(lambda g: fetch(store, g), wanted))
@@ -370,6 +464,30 @@ def read(store, generation: int) -> Manifest:
     for delta in [*deltas, found]:
         current = apply(current, delta) if isinstance(delta, Delta) else delta
     return current
+
+
+def whole(store, generation: int) -> Manifest:
+    """The whole manifest of `generation`, which a chain of deltas starts from: its
+    snapshot, or its own object when it was written whole. CorruptObject when the
+    store has neither (a committed generation's chain names it)."""
+    key = snapshot_key(generation)
+    try:
+        found = decode_object(store.get(key), key)
+    except ObjectNotFound:
+        found = fetch(store, generation)
+        key = key_of(generation)
+    if not isinstance(found, Manifest) or found.generation != generation:
+        raise CorruptObject(key, 0, f"a chain of deltas starts from generation "
+                            f"{generation}, whose whole manifest is not stored")
+    return dataclasses.replace(found, based_on=generation)
+
+
+def write_snapshot(store, manifest: Manifest) -> None:
+    """Store `manifest` (a committed generation) whole as its snapshot: chains of
+    deltas after it may start from it (the writer's next deltas say so once this has
+    returned). The same generation always has the same snapshot, so a write whose
+    answer was lost is simply written again."""
+    store.put(snapshot_key(manifest.generation), encode(manifest, snapshot=True))
 
 
 def newer(store, manifest: Manifest) -> Manifest:
@@ -412,17 +530,17 @@ def commit(store, manifest: Manifest, prior: Manifest | None = None,
     did, in an attempt whose answer was lost (a request that failed may have taken
     effect); PreconditionFailed when another writer with the same or a lower epoch did
     (a race between openers: take_over tries the next generation)."""
-    own = [p for part in manifest.partitions.values() for p in part.tail
-           if p.key == manifest.key]
+    own = _own_pieces(manifest)
     if any(p.at + p.size > len(payload) for p in own) or (bool(own) != bool(payload)):
         raise ValueError(f"generation {manifest.generation}: its pieces do not match the "
                          f"{len(payload)} bytes of its payload")
-    data = encode_delta(manifest, prior, payload) if prior is not None else None
-    data = data or encode(manifest, payload)
+    delta = encode_delta(manifest, prior, payload) if prior is not None else None
+    data = delta or encode(manifest, payload)
     try:
         store.put(manifest.key, data, if_absent=True)
-        found = decode_object(data, manifest.key)
-        return apply(prior, found) if isinstance(found, Delta) else found
+        committed = _resolved(manifest, len(data) - len(payload), len(data))
+        return dataclasses.replace(committed, based_on=prior.based_on if delta else
+                                   manifest.generation)
     except PreconditionFailed:
         winner = fetch(store, manifest.generation)
     if winner.epoch > manifest.epoch:

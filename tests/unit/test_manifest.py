@@ -146,25 +146,46 @@ def _with_piece(manifest: Manifest, name: str, n: int) -> Manifest:
 
 
 def test_group_commits_are_small_deltas_that_read_back_whole():
-    """Tail-only generations are stored as deltas of their predecessor (a PUT as small
-    as what the commit adds), at most DELTA_CHAIN_MAX in a chain; latest(), read() and
-    newer() give back the same whole manifests the writer had."""
-    from streamlog.remote.manifest import DELTA_CHAIN_MAX, decode_object, newer, read
+    """Generations after the first are stored as deltas of their predecessor (a PUT as
+    small as what the commit adds); latest(), read() and newer() give back the same
+    whole manifests the writer had. A snapshot stored for a generation lets the
+    writer's later deltas start from it; read() then fetches no delta before it."""
+    from streamlog.remote.manifest import decode_object, newer, read, write_snapshot
     store = MemoryStore()
     current = commit(store, sample(0))
     history = [current]
     for n in range(1, 150):
+        if n == 100:
+            write_snapshot(store, current)  # generation 99, whole
+            current = dataclasses.replace(current, based_on=99)
         current = commit(store, _with_piece(current, f"s/{n % 2}", n), current)
         history.append(current)
     objects = [decode_object(store.get(key_of(g)), key_of(g)) for g in range(150)]
-    whole = [g for g, found in enumerate(objects) if isinstance(found, Manifest)]
-    assert whole == list(range(0, 150, DELTA_CHAIN_MAX))
-    sizes = [len(store.get(key_of(g))) for g in range(150)]
-    assert max(sizes[g] for g in range(150) if g not in whole) < 600
+    assert [g for g, found in enumerate(objects) if isinstance(found, Manifest)] == [0]
+    assert {found.full for found in objects[1:100]} == {0}
+    assert {found.full for found in objects[100:]} == {99}
+    sizes = [len(store.get(key_of(g))) for g in range(1, 150)]
+    assert max(sizes) < 600
     assert latest(store) == history[-1]
-    for g in (0, 1, 63, 64, 65, 100, 149):
+    for g in (0, 1, 63, 64, 65, 99, 100, 149):
         assert read(store, g) == history[g]
         assert newer(store, history[g]) == history[-1]
+    counting = _Counting(store)
+    read(counting, 120)
+    assert sorted(key for _, key, _ in counting.fetched) == sorted(
+        ["snapshot/00000000000000000099"] + [key_of(g) for g in range(100, 121)])
+
+
+def test_a_chain_that_reaches_its_bound_is_cut_by_a_whole_generation(monkeypatch):
+    from streamlog.remote import manifest as module
+    monkeypatch.setattr(module, "DELTA_CHAIN_MAX", 5)
+    store = MemoryStore()
+    current = commit(store, sample(0))
+    for n in range(1, 12):
+        current = commit(store, _with_piece(current, "s/0", n), current)
+    found = [module.decode_object(store.get(key_of(g)), key_of(g)) for g in range(12)]
+    assert [g for g, f in enumerate(found) if isinstance(f, Manifest)] == [0, 5, 10]
+    assert latest(store) == current
 
 
 def test_a_damaged_delta_in_the_chain_is_named():
@@ -177,15 +198,33 @@ def test_a_damaged_delta_in_the_chain_is_named():
         latest(store)
 
 
-def test_a_generation_that_changes_more_than_the_tail_is_stored_whole():
-    from streamlog.remote.manifest import decode_object
+def test_a_generation_that_changes_more_than_the_tail_is_a_delta_of_what_it_changes():
+    """A segment named (its pieces gone), retention, streams, garbage and a partition
+    removed: each a delta of only the partitions it changed; each reads back whole."""
+    from streamlog.remote.manifest import decode_object, read
     store = MemoryStore()
     current = commit(store, sample(0))
+    history = [current]
     current = commit(store, _with_piece(current, "s/0", 1), current)
-    changed = current.successor(streams={"s": 2, "t": 1})
-    current = commit(store, changed, current)
-    assert isinstance(decode_object(store.get(key_of(2)), key_of(2)), Manifest)
-    assert latest(store) == changed
+    history.append(current)
+    part = current.partitions["s/0"]
+    segment = SegmentObject(130, 132, "segments/s/0/b.log", 99, "cd" * 16, None, 1, 2, 2)
+    changes = [
+        {"partitions": {**current.partitions, "s/0": dataclasses.replace(
+            part, segments=part.segments + (segment,), tail=())}},
+        {"streams": {"s": 2, "t": 1}},
+        {"garbage": (("manifest/00000000000000000001", 5),)},
+        {"partitions": {"s/0": current.partitions["s/0"]}},  # s/1 removed
+    ]
+    for change in changes:
+        current = commit(store, current.successor(**change), current)
+        history.append(current)
+        stored = decode_object(store.get(current.key), current.key)
+        assert not isinstance(stored, Manifest)
+        assert b'"start_hwm_us":77' not in store.get(current.key)  # s/1's entry: never
+    for g, expected in enumerate(history):
+        assert read(store, g) == expected
+    assert latest(store) == current and set(current.partitions) == {"s/0"}
 
 
 def _with_own_piece(manifest: Manifest, name: str, data: bytes, **changes) -> Manifest:
@@ -212,9 +251,8 @@ def test_a_generation_carries_its_tail_bytes_and_readers_find_them_in_its_object
     history, payloads = [current], {}
     for n in range(1, 6):
         data = b"%d" % n * (100 + n)
-        changes = {"streams": {"s": 2, "t": n}} if n == 3 else {}  # 3 is stored whole
-        current = commit(store, _with_own_piece(current, f"s/{n % 2}", data, **changes),
-                         current, data)
+        proposed = _with_own_piece(current, f"s/{n % 2}", data)
+        current = commit(store, proposed, None if n == 3 else current, data)  # 3: whole
         history.append(current)
         payloads[key_of(n)] = data
     assert isinstance(decode_object(store.get(key_of(3)), key_of(3)), Manifest)
@@ -268,7 +306,7 @@ def test_reading_a_generation_fetches_its_manifest_not_its_payload():
     import dataclasses
     wide = current.successor(partitions={**current.partitions, "s/1": dataclasses.replace(
         current.partitions["s/1"], segments=many)})
-    wide = commit(store, wide, current)
+    wide = commit(store, wide)  # (whole)
     assert len(store.get(key_of(2))) > HEAD_BYTES
     counting.fetched.clear()
     assert fetch(counting, 2) == wide

@@ -336,3 +336,50 @@ def test_a_commit_whose_answer_was_lost_is_gone_on_from_never_fought():
     with streamlog.open_log(MemoryStore(bucket)) as view:
         for partition, items in acked.items():
             assert [(r.offset, r.value) for r in view.reader("s", partition)] == sorted(items)
+
+
+def test_snapshots_keep_every_chain_of_deltas_short():
+    """Every commit after the first is a delta; the writer stores a snapshot of the
+    manifest every SNAPSHOT_EVERY generations off its commit path, and its later
+    deltas start from it: reading the newest generation fetches one snapshot and at
+    most a couple of SNAPSHOT_EVERY deltas, however long the log has run."""
+    bucket = MemoryBucket()
+    store = MemoryStore(bucket)
+    with open_remote(bucket, remote_commit_ms=1) as log:
+        log.create_stream("s", 2)
+        for i in range(400):  # one commit each: an ack waits for it
+            log.append_sync("s", b"%05d" % i, partition=i % 2)
+        newest = log.tiering.manifest
+        assert newest.generation >= 300
+        assert [meta.key for meta in store.list("snapshot")]
+        assert newest.generation - newest.based_on <= 2 * manifests.SNAPSHOT_EVERY
+        found = manifests.read(store, newest.generation)
+        assert found == newest and found.based_on == newest.based_on
+        whole = [g for g in range(newest.generation + 1) if isinstance(
+            manifests.decode_object(store.get(manifests.key_of(g)), manifests.key_of(g)),
+            manifests.Manifest)]
+        assert whole == [0]  # no whole manifest on the commit path after the first
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        assert [r.value for r in view.reader("s", 1)] == [b"%05d" % i
+                                                          for i in range(1, 400, 2)]
+
+
+def test_a_segment_held_as_many_tail_pieces_is_sealed_and_goes_up_whole(monkeypatch):
+    """Every group commit adds a tail piece per partition: once a partition's tail
+    holds TAIL_PIECES_MAX of them, a full round seals its segment, which goes up
+    whole, and the pieces leave the manifest (they would make every snapshot
+    larger until the segment sealed by size or age)."""
+    from streamlog.remote import tiering as tiering_module
+    monkeypatch.setattr(tiering_module, "TAIL_PIECES_MAX", 20)
+    bucket = MemoryBucket()
+    with open_remote(bucket, remote_commit_ms=1, segment_bytes_max=1 << 20) as log:
+        log.create_stream("s", 1)
+        for i in range(60):  # a commit each: 60 pieces in one segment, unless sealed
+            log.append_sync("s", b"%05d" % i)
+            if i % 10 == 9:
+                log.tiering.run_once()  # a full round
+        log.tiering.run_once()
+        part = manifests.latest(MemoryStore(bucket)).partitions["s/0"]
+        assert part.segments and len(part.tail) < 60 - 20
+    with streamlog.open_log(MemoryStore(bucket)) as view:
+        assert [r.value for r in view.reader("s", 0)] == [b"%05d" % i for i in range(60)]
