@@ -18,9 +18,7 @@ once; create_stream, truncate_after, apply_retention and close are serialised by
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
-import json
 import logging
 import numbers
 import os
@@ -31,7 +29,6 @@ from . import directory, layout
 from .append import AppendRules, Submission, check_partition
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
-from .fileio import write_file_atomic
 from .errors import (Fenced, InvalidArgument, LogClosed, ReadOnlyLog, StoreBacklogFull,
                      UnknownStream)
 from .frame import ProducerStamp
@@ -129,59 +126,30 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 
     def _catch_up_with_store(self, store, progress):
         """A tiered open of a directory that holds a log: take the log over, then
-        restore from the store every partition the store holds more of than the
-        directory (its committed end past the local end; a stream or partition the
-        directory lacks). Under durability "remote" an ack does not wait for the
-        local fsync, so a power loss can leave the local log behind the store; the
-        records the store holds are never written over with others. Returns the
-        generation taken over."""
+        restore from the store every partition it holds more of (restore.catch_up):
+        under durability "remote" an ack does not wait for the local fsync, so a power
+        loss can leave the local log behind the store. Returns the generation taken."""
         from .remote import manifest as manifests, restore
         taken = manifests.take_over(store, self._writer_name())
         if self._registry is not None and not self._registry.alone:
             return taken  # (a log with writers in other processes is theirs too)
-        behind = []
-        for stream, count in sorted(taken.streams.items()):
-            local = self._streams.get(stream, [])
-            for number in range(count):
-                found = taken.partitions.get(f"{stream}/{number}")
-                if found is not None and (found.segments or found.tail) and (
-                        number >= len(local)
-                        or local[number].end_offset < found.committed_end):
-                    behind.append((stream, number, found))
-        if not behind:
-            return taken
-        report = restore.RestoreReport(taken.generation)
-        with concurrent.futures.ThreadPoolExecutor(restore.DOWNLOADS) as pool:
-            for stream, number, found in behind:
-                name = f"{stream}/{number}"
-                local = self._streams.setdefault(stream, [])
-                log.warning("%s: the local log ends at %s but the store holds offsets up "
-                            "to %d (writes lost locally, e.g. to a power loss): the "
-                            "partition is restored from the store", name,
-                            local[number].end_offset if number < len(local) else "nothing",
-                            found.committed_end - 1)
-                if number < len(local):
-                    local[number].close()
-                where = layout.partition_dir(self.path, stream, number)
-                self.fileio.makedirs(where)
-                restore.clear_partition(self.fileio, where, self.index_storage)
-                restore.restore_partition(
-                    store, found, where, fileio=self.fileio,
-                    index_storage=self.index_storage, map_bytes=self.config.index_map_bytes,
-                    now_us=self.clock.wall_us(), pool=pool, report=report, name=name,
-                    progress=progress)
-                if number >= len(local):  # the stream, or its partition, is new here
-                    count = max(len(local), number + 1)
-                    self.fileio.makedirs(layout.stream_dir(self.path, stream))
-                    write_file_atomic(self.fileio, os.path.join(
-                        layout.stream_dir(self.path, stream), directory.STREAM_META_NAME),
-                        json.dumps({"partitions": count}).encode())
-                    while len(local) < number:
-                        local.append(self._open_partition(stream, len(local), progress))
-                    local.append(self._open_partition(stream, number, progress))
-                else:
-                    local[number] = self._open_partition(stream, number, progress)
-        self.restored = report
+        ends = {name: [part.end_offset for part in parts]
+                for name, parts in self._streams.items()}
+        behind = restore.behind(taken, ends)
+        for stream, number in behind:
+            if number < len(self._streams.get(stream, ())):
+                self._streams[stream][number].close()
+        if behind:
+            self.restored = restore.catch_up(
+                store, taken, self.path, behind, ends, fileio=self.fileio,
+                index_storage=self.index_storage, map_bytes=self.config.index_map_bytes,
+                clock=self.clock, progress=progress)
+        for stream, number in behind:
+            local = self._streams.setdefault(stream, [])
+            if number < len(local):
+                local[number] = self._open_partition(stream, number, progress)
+            while len(local) <= number:  # a stream, or partitions, new here
+                local.append(self._open_partition(stream, len(local), progress))
         return taken
 
     def _start_tiering(self, store, taken=None) -> None:

@@ -29,7 +29,7 @@ import threading
 import lmdb
 
 
-class _Table:
+class Table:
     """One named database: sorted keys and their values."""
 
     __slots__ = ("keys", "values")
@@ -38,8 +38,8 @@ class _Table:
         self.keys: list[bytes] = list(keys)
         self.values: dict[bytes, bytes] = dict(values or {})
 
-    def copy(self) -> "_Table":
-        return _Table(self.keys, self.values)
+    def copy(self) -> "Table":
+        return Table(self.keys, self.values)
 
     def put(self, key: bytes, value: bytes) -> None:
         if key not in self.values:
@@ -62,7 +62,7 @@ class _Cursor:
         self._at: bytes | None = None  # the current key; None: unpositioned
 
     @property
-    def _table(self) -> _Table:
+    def _table(self) -> Table:
         return self._txn._table(self._name, write=False)
 
     def _go(self, index: int) -> bool:
@@ -139,10 +139,10 @@ class _Txn:
     def __init__(self, env: "MemoryEnv", write: bool) -> None:
         self._env, self._write = env, write
         self._state = env._store.state
-        self._changed: dict[bytes, _Table] = {}
+        self._changed: dict[bytes, Table] = {}
         self._done = False
 
-    def _table(self, name: bytes, *, write: bool) -> _Table:
+    def _table(self, name: bytes, *, write: bool) -> Table:
         if name in self._changed:
             return self._changed[name]
         table = self._state.get(name)
@@ -171,7 +171,7 @@ class _Txn:
 
     def drop(self, db, delete: bool = True) -> None:
         self._table(db, write=True)
-        self._changed[db] = _Table()
+        self._changed[db] = Table()
 
     def stat(self, db) -> dict:
         return {"entries": len(self._table(db, write=False).keys)}
@@ -196,14 +196,14 @@ class _Txn:
             self.abort()
 
 
-class _Store:
+class IndexState:
     """What one index directory holds: its current state (tables by name)."""
 
     def __init__(self) -> None:
-        self.state: dict[bytes, _Table] = {}
+        self.state: dict[bytes, Table] = {}
         self.lock = threading.Lock()
 
-    def commit(self, changed: dict[bytes, _Table]) -> None:
+    def commit(self, changed: dict[bytes, Table]) -> None:
         with self.lock:
             self.state = {**self.state, **changed}
 
@@ -213,13 +213,13 @@ class _Store:
 
 
 class MemoryEnv:
-    """py-lmdb's Environment, over a `_Store` of `MemoryIndexStorage`, as the index
+    """py-lmdb's Environment, over a `IndexState` of `MemoryIndexStorage`, as the index
     asks a storage for one (index_storage.IndexEnv)."""
 
     # Nothing damages it but the index's own writes: what it lacks is truly absent.
     verified = True
 
-    def __init__(self, storage: "MemoryIndexStorage", store: _Store, readonly: bool) -> None:
+    def __init__(self, storage: "MemoryIndexStorage", store: IndexState, readonly: bool) -> None:
         self._storage, self._store, self._readonly = storage, store, readonly
         self._closed = False
 
@@ -228,7 +228,7 @@ class MemoryEnv:
             if name not in self._store.state:
                 if not create or self._readonly:
                     raise lmdb.NotFoundError(f"no database {name!r}")
-                self._store.state = {**self._store.state, name: _Table()}
+                self._store.state = {**self._store.state, name: Table()}
         return name
 
     def begin(self, write: bool = False, buffers: bool = False, **_) -> _Txn:
@@ -254,10 +254,10 @@ class MemoryIndexStorage:
     """Index directories held in memory (`Index(..., storage=this)`, the interface of
     index_storage.IndexStorage); see the module docstring."""
 
-    store_class = _Store  # what one directory's tables live in
+    store_class = IndexState  # what one directory's tables live in
 
     def __init__(self) -> None:
-        self._stores: dict[str, _Store] = {}
+        self._stores: dict[str, IndexState] = {}
         self.crashed = False  # (while True, writes are refused: see testing/memindex.py)
 
     def exists(self, path: str) -> bool:

@@ -149,6 +149,54 @@ def restore_partition(store, part, directory: str, *, fileio, index_storage, map
                       index_storage, map_bytes)
 
 
+def behind(manifest: Manifest, ends: dict[str, list[int]]) -> list[tuple[str, int]]:
+    """The (stream, partition) the store holds more of than a directory whose
+    partitions end at `ends` (stream -> end offsets): its committed end past the local
+    end, or a stream or partition the directory lacks."""
+    found = []
+    for stream, count in sorted(manifest.streams.items()):
+        local = ends.get(stream, [])
+        for number in range(count):
+            part = manifest.partitions.get(f"{stream}/{number}")
+            if part is not None and (part.segments or part.tail) and (
+                    number >= len(local) or local[number] < part.committed_end):
+                found.append((stream, number))
+    return found
+
+
+def catch_up(store, manifest: Manifest, path: str, partitions: list[tuple[str, int]],
+             ends: dict[str, list[int]], *, fileio, index_storage=None,
+             map_bytes: int = 1 << 30, clock=None, progress=None) -> RestoreReport:
+    """Restore `partitions` (`behind`'s, closed) of the log at `path` from `manifest`:
+    each is cleared and written as the store holds it; a stream's `stream.json` grows
+    to the partitions restored. Raises as `restore` does; an open that raised finds
+    them behind again, and restores them again."""
+    report = RestoreReport(manifest.generation)
+    now_us = clock.wall_us() if clock is not None else 0
+    with concurrent.futures.ThreadPoolExecutor(DOWNLOADS) as pool:
+        for stream, number in partitions:
+            name, part = f"{stream}/{number}", manifest.partitions[f"{stream}/{number}"]
+            local = ends.get(stream, [])
+            log.warning("%s: the local log ends at %s but the store holds offsets up to %d "
+                        "(writes lost here, to a power loss perhaps): the partition is "
+                        "restored from the store", name,
+                        local[number] if number < len(local) else "nothing",
+                        part.committed_end - 1)
+            directory = partition_dir(path, stream, number)
+            fileio.makedirs(directory)
+            clear_partition(fileio, directory, index_storage)
+            restore_partition(store, part, directory, fileio=fileio,
+                              index_storage=index_storage, map_bytes=map_bytes,
+                              now_us=now_us, pool=pool, report=report, name=name,
+                              progress=progress)
+            if number >= len(local):  # the stream, or this partition, is new here
+                write_file_atomic(fileio, os.path.join(stream_dir(path, stream),
+                                                       STREAM_META_NAME),
+                                  json.dumps({"partitions": number + 1}).encode())
+                ends[stream] = [*local, *[0] * (number + 1 - len(local))]
+    return report
+
+
 def clear_partition(fileio, directory: str, index_storage=None) -> None:
     """Remove the partition's segments, seals, start marks and index (before it is
     restored again from the store): the index first, then the segments from the

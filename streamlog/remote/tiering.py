@@ -32,20 +32,19 @@ when the store returns.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
-import operator
 import threading
 import time
 
 from ..clock import SYSTEM_CLOCK
 from ..errors import (Fenced, LogClosed, ObjectNotFound, PartitionFailed, ReadOnlyLog,
                       StoreError, StoreUnavailable)
-from . import manifest as manifests
+from . import garbage, manifest as manifests
 from .group_commit import AckGate, tail_runs
 from .manifest import Manifest, PartitionManifest, TailPiece
 from .segment_object import name_segment, put_segment
+from .snapshots import Snapshots
 
 log = logging.getLogger("streamlog.remote")
 
@@ -98,12 +97,7 @@ class Tiering:
         self._stopping = False
         self._round_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        # snapshots of the manifest, written off the commit path (manifest.py)
-        self._snapshots = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="streamlog-snapshot")
-        self._snapshot: concurrent.futures.Future | None = None
-        self._snapshot_at = -1  # the newest generation whose snapshot is stored
-        self._snapshot_error: type | None = None
+        self.snapshots = Snapshots(store, self.stats)  # off the commit path
 
     # -- the log's side --------------------------------------------------------------
 
@@ -143,7 +137,7 @@ class Tiering:
         if self._uploader is not None:
             self._uploader.join()
             self._uploader = None
-        self._snapshots.shutdown(wait=True)
+        self.snapshots.close()
         gate = self.gate
         if gate is None or not gate.waiting():
             return
@@ -231,10 +225,8 @@ class Tiering:
         current = self._rebased()
         proposed, uploaded, parts = current, 0, list(self._partitions())
         streams = dict(current.streams)
-        if full and self.lag_max_s is not None:
-            self._roll_idle(parts)
-        if full and self.gate is not None:
-            self._roll_pieced(parts, current)
+        if full:
+            self._roll_due(parts, current)
         for part in parts:
             stream, _, number = part.name.rpartition("/")
             streams[stream] = max(streams.get(stream, 0), int(number) + 1)
@@ -264,7 +256,7 @@ class Tiering:
                 self._adopt(landed.manifest)  # (what this round had goes in the next)
                 return 0
             self._forget_named()
-            self._snapshot_if_due()
+            self.snapshots.due(self.manifest)
             self.stats["commits"] += 1
             self.stats["puts"] += 1
             if tail is not None:
@@ -284,29 +276,25 @@ class Tiering:
         return dataclasses.replace(found, local_end=part.end_offset if self.gate is None
                                    else found.committed_end)
 
-    def _roll_idle(self, parts) -> None:
-        for part in parts:  # an idle segment seals too, so the store keeps up
+    def _roll_due(self, parts, current: Manifest) -> None:
+        """Seal an active segment older than `lag_max_s`, appends or not (so the store
+        keeps up) and, under durability "remote", one the store holds as
+        TAIL_PIECES_MAX tail pieces or more (so it goes up whole, and its pieces leave
+        the manifest, whose snapshots grow with them)."""
+        for part in parts:
             active = part.state.segments.active if part.state.segments else None
-            if active is None or active.size_bytes == 0 or (
-                    part.clock.monotonic_s() - active.created_monotonic <= self.lag_max_s):
-                continue  # (no job on the writer thread for a young or empty one)
+            if active is None or active.size_bytes == 0:
+                continue
+            found = current.partitions.get(part.name)
+            pieced = self.gate is not None and found is not None and (
+                len(found.tail) >= TAIL_PIECES_MAX)
+            if not pieced and (self.lag_max_s is None or part.clock.monotonic_s()
+                               - active.created_monotonic <= self.lag_max_s):
+                continue  # (no job on the writer thread for a young one)
             try:
-                part.roll_if_older(self.lag_max_s)
+                part.roll_if_older(0.0 if pieced else self.lag_max_s)
             except (LogClosed, PartitionFailed, ReadOnlyLog):
                 pass  # nothing more is written there: what is sealed goes up
-
-    def _roll_pieced(self, parts, current: Manifest) -> None:
-        """Durability "remote": seal a segment the store holds as TAIL_PIECES_MAX tail
-        pieces or more, so it goes up whole and its pieces leave the manifest (whose
-        snapshots would otherwise grow with every commit until the segment sealed)."""
-        for part in parts:
-            found = current.partitions.get(part.name)
-            if found is None or len(found.tail) < TAIL_PIECES_MAX:
-                continue
-            try:
-                part.roll_if_older(0.0)
-            except (LogClosed, PartitionFailed, ReadOnlyLog):
-                pass
 
     def _add_tail(self, proposed: Manifest, parts):
         """(proposed with the new tail pieces, the payload holding them), or None when
@@ -423,99 +411,35 @@ class Tiering:
             if self.gate is not None:
                 self.gate.fail(error)
             raise
-        self._snapshot_if_due()
+        self.snapshots.due(self.manifest)
         self.stats["commits"] += 1
         self.stats["puts"] += 1
 
     # -- snapshots: whole manifests that chains of deltas start from ---------------------
 
     def _rebased(self) -> Manifest:
-        """The writer's manifest, its chain starting from the newest snapshot stored
-        (the next delta says so), once one is."""
-        current = self.manifest
-        if (current.based_on is not None
-                and current.based_on < self._snapshot_at <= current.generation):
-            current = self.manifest = dataclasses.replace(current,
-                                                          based_on=self._snapshot_at)
-        return current
-
-    def _snapshot_if_due(self) -> None:
-        """Every SNAPSHOT_EVERY generations, store the manifest whole on the snapshot
-        thread (one at a time: one still under way is let be)."""
-        manifest = self.manifest
-        if (manifest.based_on is None or self._stopping
-                or manifest.generation - max(manifest.based_on, self._snapshot_at)
-                < manifests.SNAPSHOT_EVERY
-                or (self._snapshot is not None and not self._snapshot.done())):
-            return
-        self._snapshot = self._snapshots.submit(self._write_snapshot, manifest)
-
-    def _write_snapshot(self, manifest: Manifest) -> None:
-        try:
-            manifests.write_snapshot(self.store, manifest)
-        except (StoreError, OSError) as error:  # (the chain grows; the next one retries)
-            if type(error) is not self._snapshot_error:
-                log.warning("storing the snapshot of generation %d: %s",
-                            manifest.generation, error)
-                self._snapshot_error = type(error)
-            return
-        self._snapshot_error = None
-        self.stats["puts"] += 1
-        self._snapshot_at = max(self._snapshot_at, manifest.generation)
+        """The writer's manifest, its chain starting from the newest snapshot stored."""
+        self.manifest = self.snapshots.rebased(self.manifest)
+        return self.manifest
 
     def _with_garbage(self, current: Manifest, proposed: Manifest) -> Manifest:
-        """`proposed` with the objects `current` named and it no longer does (tail
-        objects, segment and index objects) on the garbage list, deletable after the
-        grace period."""
-        dropped = _dropped(current, proposed)
-        if not dropped:
-            return proposed
-        after = self.clock.wall_us() + int(self.grace_s * 1e6)
-        return dataclasses.replace(proposed, garbage=(
-            *proposed.garbage, *((key, after) for key in sorted(dropped))))
+        return garbage.with_garbage(current, proposed, after_us=self.clock.wall_us()
+                                    + int(self.grace_s * 1e6))
 
     def _prune_manifests(self) -> None:
-        """Delete manifest generations and snapshots older than the grace period from
-        before the one the current chain starts from, but for the generations whose
-        payload a tail piece still names (at most PRUNE_MAX a round, one LIST of each
-        at most every PRUNE_EVERY_S): the listing that opens and take-overs do stays
-        bounded."""
+        """garbage.prune, one LIST of each folder at most every PRUNE_EVERY_S."""
         now = self.clock.monotonic_s()
         if now < self._prune_due:
             return
         self._prune_due = now + PRUNE_EVERY_S
-        keep_from = self.manifest.based_on or self.manifest.generation
-        before_us = self.clock.wall_us() - int(self.grace_s * 1e6)
-        named, old = _named(self.manifest), []
-        for folder, generation_of in ((manifests.PREFIX, manifests.generation_of),
-                                      (manifests.SNAPSHOTS,
-                                       manifests.snapshot_generation_of)):
-            for meta in self.store.list(folder.rstrip("/")):
-                generation = generation_of(meta.key)
-                if generation is not None and generation < keep_from and (
-                        meta.last_modified_us < before_us) and meta.key not in named:
-                    old.append(meta.key)
-        for key in old[:PRUNE_MAX]:
-            self.store.delete(key)
-            self.stats["deleted"] += 1
+        self.stats["deleted"] += garbage.prune(
+            self.store, self.manifest, before_us=self.clock.wall_us()
+            - int(self.grace_s * 1e6), most=PRUNE_MAX)
 
     def _sweep(self, proposed: Manifest) -> Manifest:
-        """Delete the garbage whose grace period is over; `proposed` without it. A
-        generation the current chain of deltas passes through is kept until the chain
-        starts after it (the next snapshot)."""
-        now = self.clock.wall_us()
-        keep_from = proposed.based_on if proposed.based_on is not None else -1
-        due = [key for key, after in proposed.garbage if after <= now and (
-            manifests.generation_of(key) is None
-            or manifests.generation_of(key) < keep_from)]
-        if not due:
-            return proposed
-        for key in due:
-            self.store.delete(key)
-            self.stats["deleted"] += 1
-        gone = set(due)
-        return dataclasses.replace(proposed, garbage=tuple(
-            item for item in proposed.garbage if item[0] not in gone))
+        swept, deleted = garbage.sweep(self.store, proposed, now_us=self.clock.wall_us())
+        self.stats["deleted"] += deleted
+        return swept
 
     def _check_not_taken_over(self) -> None:
         """Fenced (for good) when a newer writer has committed a generation after this
@@ -672,36 +596,3 @@ class Tiering:
                 if spare > 0:
                     time.sleep(spare)
             self._urgent = False
-
-
-def _dropped(current: Manifest, proposed: Manifest) -> set[str]:
-    """The object keys `current` names and `proposed` does not: none from a partition
-    whose segments are the same and whose tail only grew (a tail round's), so a round
-    costs what it changes, not what the manifest names."""
-    changed_from = []
-    for name, part in current.partitions.items():
-        new = proposed.partitions.get(name)
-        if new is part or (new is not None and new.segments is part.segments
-                           and len(new.tail) >= len(part.tail)
-                           and all(map(operator.is_, new.tail, part.tail))):
-            continue
-        changed_from.append(part)
-    if not changed_from:
-        return set()
-    return _keys(changed_from) - _named(proposed)  # (a generation holds many's pieces)
-
-
-def _keys(parts) -> set[str]:
-    keys = set()
-    for part in parts:
-        for segment in part.segments:
-            keys.add(segment.key)
-            if segment.index_key:
-                keys.add(segment.index_key)
-        keys.update(piece.key for piece in part.tail)
-    return keys
-
-
-def _named(manifest: Manifest) -> set[str]:
-    """Every object key a generation names."""
-    return _keys(manifest.partitions.values())

@@ -32,7 +32,8 @@ from ..index import Index
 from ..memindex import MemoryIndexStorage
 from . import manifest as manifests
 from .segment_object import fill_index
-from .storefs import RangeCache, StoreFileIO
+from .rangecache import RangeCache
+from .storefs import StoreFileIO
 
 log = logging.getLogger("streamlog.remote")
 

@@ -23,21 +23,21 @@ from __future__ import annotations
 import random
 
 from .. import memindex as _core
-from ..memindex import MemoryEnv, _Table
+from ..memindex import IndexState, MemoryEnv, Table
 
 __all__ = ["MemoryEnv", "MemoryIndexStorage"]
 
 
-class _Store(_core._Store):
+class _Store(IndexState):
     """What one index directory holds: its current state, the last synced one, and
     every state committed since (a power loss keeps one of those)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.synced: dict[bytes, _Table] = {}
-        self.since_sync: list[dict[bytes, _Table]] = []
+        self.synced: dict[bytes, Table] = {}
+        self.since_sync: list[dict[bytes, Table]] = []
 
-    def commit(self, changed: dict[bytes, _Table]) -> None:
+    def commit(self, changed: dict[bytes, Table]) -> None:
         with self.lock:
             self.state = {**self.state, **changed}
             self.since_sync.append(self.state)

@@ -15,7 +15,7 @@ import pytest
 import streamlog
 from streamlog.errors import CorruptionError, CorruptObject, ReadOnlyLog, StreamLogError
 from streamlog.remote import manifest as manifests
-from streamlog.remote.storefs import RangeCache
+from streamlog.remote.rangecache import RangeCache
 from streamlog.testing import MemoryFileIO
 from streamlog.testing.memindex import MemoryIndexStorage
 from streamlog.testing.memstore import MemoryBucket, MemoryStore

@@ -16,7 +16,7 @@ import pytest
 
 import streamlog
 from streamlog.errors import CorruptObject, StoreUnavailable
-from streamlog.remote.storefs import RangeCache
+from streamlog.remote.rangecache import RangeCache
 from streamlog.remote.store import Retrying, RetryPolicy
 from streamlog.testing import MemoryFileIO
 from streamlog.testing.memindex import MemoryIndexStorage
