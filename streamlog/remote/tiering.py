@@ -126,8 +126,10 @@ class Tiering:
 
     def close(self) -> None:
         """Stop after the round under way (nothing is lost: the next open goes on).
-        Under durability "remote", acks still held get a last tail round, and fail
-        with LogClosed when even that does not take them."""
+        Under durability "remote", a last round commits the tail of acks still held
+        (which fail with LogClosed when even that does not take them) and names the
+        sealed segments the uploader has put (else the next open would put them
+        again, and these would be objects no generation names)."""
         self._stopping = True
         self._wake.set()
         self._upload_wake.set()
@@ -139,13 +141,13 @@ class Tiering:
             self._uploader = None
         self.snapshots.close()
         gate = self.gate
-        if gate is None or not gate.waiting():
+        if gate is None:
             return
         if not self.fenced:
             try:
-                self.run_once(full=False)
+                self.run_once(full=True, inline=False)
             except (Fenced, StoreError, OSError) as error:
-                log.warning("closing: the last tail round failed: %s", error)
+                log.warning("closing: the last round failed: %s", error)
         gate.fail(LogClosed("the log was closed before the store took these records (they "
                             "are in the local log, and go up when it is opened again)"))
 
