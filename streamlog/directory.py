@@ -93,11 +93,19 @@ def create_stream(fileio, path: str, name: str, partitions: int, opened) -> None
     try:
         fileio.lock(guard, exclusive=True)
         if not opened():
-            write_file_atomic(fileio, os.path.join(directory, STREAM_META_NAME),
-                              json.dumps({"partitions": partitions}).encode())
+            write_stream_meta(fileio, path, name, partitions)
             fileio.fsync_dir(layout.streams_dir(path))
     finally:
         fileio.close(guard)
+
+
+def write_stream_meta(fileio, path: str, name: str, partitions: int) -> None:
+    """Record that stream `name` has `partitions` partitions (its `stream.json`,
+    written atomically; its directory is made if missing)."""
+    directory = layout.stream_dir(path, name)
+    fileio.makedirs(directory)
+    write_file_atomic(fileio, os.path.join(directory, STREAM_META_NAME),
+                      json.dumps({"partitions": partitions}).encode())
 
 
 # -- one writable open per directory in this process ---------------------------------

@@ -14,7 +14,6 @@ the store's deletes.
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 from . import manifest as manifests
 from .manifest import Manifest
@@ -72,8 +71,7 @@ def dropped(current: Manifest, proposed: Manifest) -> set[str]:
     for name, part in current.partitions.items():
         new = proposed.partitions.get(name)
         if new is part or (new is not None and new.segments is part.segments
-                           and len(new.tail) >= len(part.tail)
-                           and all(map(operator.is_, new.tail, part.tail))):
+                           and manifests.extends(new.tail, part.tail)):
             continue
         changed.append(part)
     if not changed:

@@ -268,7 +268,7 @@ def encode_delta(manifest: Manifest, prior: Manifest, payload: bytes = b"") -> b
             continue
         if old is not None and (
                 part.segments == old.segments and part.start_offset == old.start_offset
-                and part.start_hwm_us == old.start_hwm_us and _extends(part.tail, old.tail)):
+                and part.start_hwm_us == old.start_hwm_us and extends(part.tail, old.tail)):
             tails[name] = [[_piece_out(p, manifest.key) for p in part.tail[len(old.tail):]],
                            part.committed_end, part.local_end]
         else:
@@ -284,18 +284,16 @@ def encode_delta(manifest: Manifest, prior: Manifest, payload: bytes = b"") -> b
                    "writer": manifest.writer, "delta": delta}, payload)
 
 
-def _own_pieces(manifest: Manifest) -> list[TailPiece]:
-    """The pieces keyed by the generation itself: new ones, the last of each tail."""
-    own, found = manifest.key, []
-    for part in manifest.partitions.values():
-        for n in range(len(part.tail) - 1, -1, -1):
-            if part.tail[n].key != own:
-                break
-            found.append(part.tail[n])
-    return found
+def _own_from(tail: tuple, own: str) -> int:
+    """Where the pieces keyed by the generation itself (`own`) start in a tail: they
+    are new ones, so the last of it."""
+    n = len(tail)
+    while n and tail[n - 1].key == own:
+        n -= 1
+    return n
 
 
-def _extends(tail: tuple, old: tuple) -> bool:
+def extends(tail: tuple, old: tuple) -> bool:
     """Does `tail` begin with `old`? (Pieces are shared when a tail only grew, so
     mostly by identity, at C speed.)"""
     return len(tail) >= len(old) and (all(map(operator.is_, tail, old))
@@ -307,16 +305,14 @@ def _resolved(manifest: Manifest, payload_at: int, size: int) -> Manifest:
     reader reads them back. Own pieces are new ones: the last of each tail."""
     own, partitions = manifest.key, None
     for name, part in manifest.partitions.items():
-        if not part.tail or part.tail[-1].key != own:
+        start = _own_from(part.tail, own)
+        if start == len(part.tail):
             continue
-        tail = list(part.tail)
-        for n in range(len(tail) - 1, -1, -1):
-            if tail[n].key != own:
-                break
-            tail[n] = dataclasses.replace(tail[n], at=payload_at + tail[n].at,
-                                          object_size=size)
+        tail = part.tail[:start] + tuple(
+            dataclasses.replace(piece, at=payload_at + piece.at, object_size=size)
+            for piece in part.tail[start:])
         partitions = partitions if partitions is not None else dict(manifest.partitions)
-        partitions[name] = dataclasses.replace(part, tail=tuple(tail))
+        partitions[name] = dataclasses.replace(part, tail=tail)
     if partitions is None:
         return manifest
     return dataclasses.replace(manifest, partitions=partitions)
@@ -454,9 +450,9 @@ def read(store, generation: int) -> Manifest:
     found = fetch(store, generation)
     if isinstance(found, Manifest):
         return found
-    base = whole(store, found.full)
     if found.full >= generation:
         raise CorruptObject(key, 0, f"its chain starts from generation {found.full}")
+    base = whole(store, found.full)
     wanted = range(found.full + 1, generation)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         deltas = list(pool.map(lambda g: fetch(store, g), wanted))
@@ -530,7 +526,8 @@ def commit(store, manifest: Manifest, prior: Manifest | None = None,
     did, in an attempt whose answer was lost (a request that failed may have taken
     effect); PreconditionFailed when another writer with the same or a lower epoch did
     (a race between openers: take_over tries the next generation)."""
-    own = _own_pieces(manifest)
+    own = [piece for part in manifest.partitions.values()
+           for piece in part.tail[_own_from(part.tail, manifest.key):]]
     if any(p.at + p.size > len(payload) for p in own) or (bool(own) != bool(payload)):
         raise ValueError(f"generation {manifest.generation}: its pieces do not match the "
                          f"{len(payload)} bytes of its payload")

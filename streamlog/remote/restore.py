@@ -31,12 +31,12 @@ import os
 
 import xxhash
 
-from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
+from ..directory import FORMAT, MARKER_NAME, write_stream_meta
 from ..errors import CorruptIndex, CorruptObject, ObjectNotFound
 from ..fileio import write_file_atomic
 from ..index import Index
 from ..index_storage import wipe_index
-from ..layout import partition_dir, segment_name, stream_dir
+from ..layout import partition_dir, segment_name
 from ..maintenance import START_MARKS_NAME
 from ..scan import StopReason, scan_buffer
 from ..seal import write_seal
@@ -89,9 +89,7 @@ def restore(store, manifest: Manifest, path: str, *, fileio, index_storage=None,
     now_us = clock.wall_us() if clock is not None else 0
     with concurrent.futures.ThreadPoolExecutor(DOWNLOADS) as pool:
         for stream, count in sorted(manifest.streams.items()):
-            fileio.makedirs(stream_dir(path, stream))
-            write_file_atomic(fileio, os.path.join(stream_dir(path, stream), STREAM_META_NAME),
-                              json.dumps({"partitions": count}).encode())
+            write_stream_meta(fileio, path, stream, count)
             for number in range(count):
                 name = f"{stream}/{number}"
                 directory = partition_dir(path, stream, number)
@@ -173,6 +171,7 @@ def catch_up(store, manifest: Manifest, path: str, partitions: list[tuple[str, i
     them behind again, and restores them again."""
     report = RestoreReport(manifest.generation)
     now_us = clock.wall_us() if clock is not None else 0
+    counts = {stream: len(local) for stream, local in ends.items()}  # in stream.json
     with concurrent.futures.ThreadPoolExecutor(DOWNLOADS) as pool:
         for stream, number in partitions:
             name, part = f"{stream}/{number}", manifest.partitions[f"{stream}/{number}"]
@@ -189,11 +188,9 @@ def catch_up(store, manifest: Manifest, path: str, partitions: list[tuple[str, i
                               index_storage=index_storage, map_bytes=map_bytes,
                               now_us=now_us, pool=pool, report=report, name=name,
                               progress=progress)
-            if number >= len(local):  # the stream, or this partition, is new here
-                write_file_atomic(fileio, os.path.join(stream_dir(path, stream),
-                                                       STREAM_META_NAME),
-                                  json.dumps({"partitions": number + 1}).encode())
-                ends[stream] = [*local, *[0] * (number + 1 - len(local))]
+            if number >= counts.get(stream, 0):  # the stream, or this partition, is new
+                write_stream_meta(fileio, path, stream, number + 1)
+                counts[stream] = number + 1
     return report
 
 

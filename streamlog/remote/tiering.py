@@ -273,10 +273,11 @@ class Tiering:
     def _with_local_end(self, proposed: Manifest, part) -> PartitionManifest:
         """The partition's entry with the end this writer has acknowledged: its local
         end under durability "local" (a restore reports what lies past the store's end
-        as lost), the store's own end under "remote" (nothing past it was acked)."""
+        as lost), the store's own end under "remote" (nothing past it was acked). The
+        same entry when that is unchanged: a round then compares it by identity."""
         found = proposed.partitions.get(part.name, PartitionManifest())
-        return dataclasses.replace(found, local_end=part.end_offset if self.gate is None
-                                   else found.committed_end)
+        end = part.end_offset if self.gate is None else found.committed_end
+        return found if found.local_end == end else dataclasses.replace(found, local_end=end)
 
     def _roll_due(self, parts, current: Manifest) -> None:
         """Seal an active segment older than `lag_max_s`, appends or not (so the store
@@ -343,7 +344,7 @@ class Tiering:
         with self._round_lock:
             if self.fenced:
                 raise Fenced("a newer writer took this log over in the store")
-            current = self.manifest
+            current = self._rebased()
             found = current.partitions.get(part.name)
             start = part.state.start_offset
             if found is None or start <= found.start_offset:
@@ -367,7 +368,7 @@ class Tiering:
             with self._ready_lock:  # segments put but not named that the cut changed
                 self._ready[part.name] = [item for item in self._ready.get(part.name, [])
                                           if item[0].end_offset <= end]
-            current = self.manifest
+            current = self._rebased()
             found = current.partitions.get(part.name)
             if self.gate is not None:
                 self.gate.cut(part.name, end)
@@ -398,7 +399,6 @@ class Tiering:
 
     def _commit_partition(self, current: Manifest, name: str,
                           updated: PartitionManifest, payload: bytes = b"") -> None:
-        current = self._rebased() if current is self.manifest else current
         proposed = self._with_garbage(current, dataclasses.replace(
             current, partitions={**current.partitions, name: updated}))
         try:
