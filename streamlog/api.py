@@ -101,6 +101,11 @@ LOCAL_ONLY: dict[str, str] = {
              "publishes its own on its metrics port",
     "start_scrubber": "a background thread of the process that has the log open "
                       "(streamlog serve --scrub-mib-per-s)",
+    "create_internal_stream": "the door to streamlog's own streams (names starting with "
+                              "'__'), for its components beside the log (the Kafka "
+                              "listener); clients only read them",
+    "append_internal_sync": "the door to streamlog's own streams, as "
+                            "create_internal_stream",
 }
 
 
@@ -137,9 +142,10 @@ PUBLIC_MODULES: dict[str, tuple[frozenset[str] | None, str]] = {
     "streamlog.columnar": (frozenset({"rows_from", "encode"}),
                            "a daemon client checks and encodes a columnar append with the "
                            "log's own checks (the same errors as Log.append_columns)"),
-    "streamlog.validate": (frozenset({"records"}),
+    "streamlog.validate": (frozenset({"records", "stream_name"}),
                            "a daemon client checks an append's records with the log's own "
-                           "checks (the same errors as Log.append_batch)"),
+                           "checks (the same errors as Log.append_batch); the command "
+                           "line checks a stream's name as create_stream does"),
     "streamlog.encoder": (frozenset({"Piece"}),
                           "records as lists in the form a partition's writer takes: one "
                           "of the two forms Log.append_prepared takes"),
@@ -148,7 +154,8 @@ PUBLIC_MODULES: dict[str, tuple[frozenset[str] | None, str]] = {
                          "crash-safe whole-file write, for what keeps files beside the "
                          "log (the Kafka listener's producer state, the daemon's fsync "
                          "timer)"),
-    "streamlog.layout": (frozenset({"valid_stream_name", "parse_segment_name"}),
+    "streamlog.layout": (frozenset({"valid_stream_name", "parse_segment_name",
+                                    "is_internal", "INTERNAL_PREFIX"}),
                          "the log directory's names, pure: a stream name's rule and a "
                          "segment file's name (the command line checks and lists them)"),
     "streamlog.check": (None, "the offline check and repair of a partition's files "

@@ -41,6 +41,7 @@ class Submission(NamedTuple):
     stream: str
     pieces: dict  # partition number -> [Piece or payload.EncodedRows], each one frame
     txn_id: int = 0  # the transaction every piece is appended under (0: none)
+    internal: bool = False  # through the door to streamlog's own streams (Log.*_internal*)
 
     def result(self, firsts) -> AppendResult:
         """The AppendResult, given each partition's first offset (in `pieces` order)."""

@@ -119,8 +119,9 @@ def partition_dirs(path: str, stream: str | None = None, partition: int | None =
     """
     fileio = fileio or OsFileIO()
     root = layout.streams_dir(path)
-    names = sorted(n for n in _names_in(fileio, root)
-                   if fileio.exists(os.path.join(root, n, "stream.json")))
+    names = sorted(n for n in filter(None, map(layout.stream_of_folder,
+                                                 _names_in(fileio, root)))
+                   if fileio.exists(os.path.join(layout.stream_dir(path, n), "stream.json")))
     if stream is not None:
         if stream not in names:
             raise InvalidArgument(f"no stream named {stream!r} in {path}")

@@ -65,7 +65,8 @@ def stream_names(fileio, path: str) -> list[str]:
     directory = layout.streams_dir(path)
     if not fileio.exists(directory):
         return []
-    return sorted(n for n in fileio.listdir(directory) if stream_exists(fileio, path, n))
+    names = filter(None, map(layout.stream_of_folder, fileio.listdir(directory)))
+    return sorted(n for n in names if stream_exists(fileio, path, n))
 
 
 def stream_exists(fileio, path: str, name: str) -> bool:

@@ -29,6 +29,16 @@ class InvalidAppend(InvalidArgument):
     """A record cannot be appended (wrong type, too large, bad timestamp)."""
 
 
+class InvalidStreamName(InvalidArgument):
+    """A stream name outside Kafka's topic rule (DESIGN 1): 1 to 249 characters of
+    letters, digits, '.', '_' and '-', not "." or ".."."""
+
+
+class InternalStream(InvalidArgument):
+    """A write to one of streamlog's own streams (a name starting with "__": committed
+    offsets, producer and transaction state), which only streamlog writes."""
+
+
 class UnknownStream(StreamLogError, KeyError):
     """The named stream does not exist in this log."""
 

@@ -3,7 +3,8 @@
     LOG/streamlog.json                       format marker and version
     LOG/LOCK                                 held (flock) shared by every writing process
     LOG/streams/.lock                        held while a stream is created
-    LOG/streams/STREAM/stream.json           {"partitions": P}
+    LOG/streams/STREAM/stream.json           {"partitions": P}   (a STREAM whose name
+                                             starts with "." has the folder "%" + name)
     LOG/streams/STREAM/P/00000000000000000000.log   segments, named by base offset
     LOG/streams/STREAM/P/00000000000000000000.seal  whole-file checksum of a rolled segment
     LOG/streams/STREAM/P/index/              the LMDB index (a cache of the segments)
@@ -24,7 +25,12 @@ import re
 SEGMENT_SUFFIX = ".log"
 DELETED_SUFFIX = ".log.deleted"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
-_STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# Kafka's topic rule (DESIGN 1): 1 to 249 of these characters, not "." or "..".
+_STREAM_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# A name starting with "." would be a hidden folder beside the log's own files in
+# `streams/` (".lock"): its folder is "%" + name ("%" is in no stream name).
+_HIDDEN_ESCAPE = "%"
+INTERNAL_PREFIX = "__"  # streamlog's own streams: written by streamlog only
 
 
 def segment_name(base_offset: int) -> str:
@@ -41,13 +47,33 @@ def valid_stream_name(name: str) -> bool:
     return isinstance(name, str) and bool(_STREAM_NAME.match(name)) and name not in (".", "..")
 
 
+def is_internal(name: str) -> bool:
+    """A stream of streamlog's own (committed offsets, producer and transaction state):
+    readable by everyone, written only through the library's internal door."""
+    return name.startswith(INTERNAL_PREFIX)
+
+
+def stream_folder(name: str) -> str:
+    """The name of stream `name`'s folder in `streams/`."""
+    return _HIDDEN_ESCAPE + name if name.startswith(".") else name
+
+
+def stream_of_folder(folder: str) -> str | None:
+    """The stream whose folder in `streams/` is `folder`, or None for the log's own
+    entries there (".lock") and anything that is not a stream's folder."""
+    name = folder[1:] if folder.startswith(_HIDDEN_ESCAPE) else folder
+    if name.startswith(".") != folder.startswith(_HIDDEN_ESCAPE):
+        return None
+    return name if valid_stream_name(name) else None
+
+
 def streams_dir(log_dir: str) -> str:
     return os.path.join(log_dir, "streams")
 
 
 def stream_dir(log_dir: str, stream: str) -> str:
-    return os.path.join(log_dir, "streams", stream)
+    return os.path.join(log_dir, "streams", stream_folder(stream))
 
 
 def partition_dir(log_dir: str, stream: str, partition: int) -> str:
-    return os.path.join(log_dir, "streams", stream, str(partition))
+    return os.path.join(log_dir, "streams", stream_folder(stream), str(partition))

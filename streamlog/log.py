@@ -29,7 +29,7 @@ from . import directory, layout
 from .append import AppendRules, Submission, check_partition
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
-from .errors import (Fenced, InvalidArgument, LogClosed, ReadOnlyLog, StoreBacklogFull,
+from .errors import (Fenced, InternalStream, InvalidArgument, LogClosed, ReadOnlyLog, StoreBacklogFull,
                      UnknownStream)
 from .frame import ProducerStamp
 from .locks import WriterRegistry
@@ -39,6 +39,7 @@ from .log_txn import TxnOperations
 from .partition import Partition
 from .reader import Reader
 from .records import AppendResult, RecordKind, RecordPosition
+from . import validate
 from .validate import INT64_MAX as _INT64_MAX, INT64_MIN as _INT64_MIN
 
 FORMAT = {"format": "streamlog", "version": 1}
@@ -213,31 +214,30 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 
     def create_stream(self, name: str, partitions: int = 1) -> int:
         """Create stream `name` with `partitions` partitions; a no-op when it exists
-        with that many. Returns the partition count."""
+        with that many. Returns the partition count. InvalidStreamName for a name
+        outside Kafka's topic rule; InternalStream for a name starting with "__"."""
+        if layout.is_internal(validate.stream_name(name)):
+            raise InternalStream(f"{name!r}: names starting with "
+                                 f"{layout.INTERNAL_PREFIX!r} are streamlog's own streams")
+        return self._create_stream(name, partitions)
+
+    def _create_stream(self, name: str, partitions: int) -> int:
         self._check_open()
-        if not layout.valid_stream_name(name):
-            raise InvalidArgument(f"invalid stream name {name!r}: use letters, digits, "
-                                  f"'.', '_' and '-', at most 200 characters")
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
-                1 <= partitions <= self.config.partitions_max):
-            raise InvalidArgument(f"partitions must be an int in 1..{self.config.partitions_max}"
-                                  f" (got {partitions!r})")
+        validate.partition_count(partitions, self.config.partitions_max)
         with self._lock:
-            if name in self._streams:
-                existing = len(self._streams[name])
-                if existing != partitions:
-                    raise _partitions_differ(name, existing, partitions)
-                return existing
-            if self.readonly:
-                raise ReadOnlyLog("the log was opened read-only")
-            # (a writer in another process may be creating it too)
-            directory.create_stream(self.fileio, self.path, name, partitions,
-                                    lambda: self._find_stream(name))
-            self._find_stream(name)
+            if name not in self._streams:
+                if self.readonly:
+                    raise ReadOnlyLog("the log was opened read-only")
+                # (a writer in another process may be creating it too)
+                directory.create_stream(self.fileio, self.path, name, partitions,
+                                        lambda: self._find_stream(name))
+                self._find_stream(name)
             existing = len(self._streams[name])
             if existing != partitions:
-                raise _partitions_differ(name, existing, partitions)
-            return partitions
+                noun = "partition" if existing == 1 else "partitions"
+                raise InvalidArgument(f"stream {name!r} has {existing} {noun}, "
+                                      f"not {partitions}")
+            return existing
 
     def _find_stream(self, name: str) -> bool:
         """Is `name` a stream, perhaps one another process created since this one
@@ -430,6 +430,9 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         in each (txn_jobs.check_appendable). Fenced once a newer writer has taken a
         tiered log over in its store."""
         partitions = self._writable(submission.stream)
+        if not submission.internal and layout.is_internal(submission.stream):
+            raise InternalStream(f"{submission.stream!r} is one of streamlog's own streams: "
+                                 f"readable, written only by streamlog")
         if self.tiering is not None and self.tiering.fenced:
             raise Fenced(f"the log at {self.path} was taken over in its store by a newer "
                          f"writer: this one appends no more ({self.tiering.error})")
@@ -589,9 +592,3 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 def _clamp(timestamp_us) -> int:
     """Query timestamps outside int64 mean 'before everything' or 'after everything'."""
     return min(max(int(timestamp_us), _INT64_MIN + 1), _INT64_MAX)
-
-
-def _partitions_differ(name: str, existing: int, asked: int) -> InvalidArgument:
-    noun = "partition" if existing == 1 else "partitions"
-    return InvalidArgument(f"stream {name!r} has {existing} {noun}, not {asked}")
-

@@ -1,5 +1,5 @@
 """A Log's maintenance: truncate, retention, durable holds, the scrubber, info and
-stats. Part of class Log (log.py).
+stats, and the door to streamlog's own streams. Part of class Log (log.py).
 
 Strategy: truncate_after and retention run as jobs on each partition's writer thread,
 under its commit lock (partition.py, maintenance.py); durable holds are files beside
@@ -11,12 +11,35 @@ from __future__ import annotations
 
 import numbers
 
-from . import holds as holds_module
+from . import holds as holds_module, layout, validate
 from .errors import CorruptIndex, InvalidArgument, ReadOnlyLog
+from .records import AppendResult
 from .scrub import read_scrub_status
 
 
 class AdminOperations:
+    def create_internal_stream(self, name: str, partitions: int = 1) -> int:
+        """create_stream for one of streamlog's own streams (a name starting with
+        "__"): the door its components (the Kafka listener's committed offsets and
+        transaction state) use; clients cannot create or write them. Local only
+        (api.LOCAL_ONLY): streamlog's components run beside the log."""
+        validate.stream_name(name)
+        if not layout.is_internal(name):
+            raise InvalidArgument(f"{name!r} is not an internal stream name (they start "
+                                  f"with {layout.INTERNAL_PREFIX!r})")
+        return self._create_stream(name, partitions)
+
+    def append_internal_sync(self, stream: str, values, *, keys=None,
+                             partition: int = 0) -> AppendResult:
+        """append_batch_sync into one of streamlog's own streams (create_internal_stream):
+        the door its components use; every other append to them raises InternalStream.
+        Local only (api.LOCAL_ONLY), as create_internal_stream."""
+        if not layout.is_internal(stream):
+            raise InvalidArgument(f"{stream!r} is not an internal stream")
+        return self.submit(self._rules.rows(
+            stream, len(self._partitions(stream)), values, keys, None, partition, None,
+            None, 0)._replace(internal=True))
+
     def start_scrubber(self, *, bytes_per_s: int | None = None, on_result=None):
         """Re-verify sealed segments in the background (scrub.py) at `bytes_per_s` (or
         the configured rate), recording each partition's result for `streamlog info`.

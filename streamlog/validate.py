@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numbers
 
-from .errors import InvalidAppend
+from . import layout
+from .errors import InvalidAppend, InvalidArgument, InvalidStreamName
 from .records import RecordKind
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -124,3 +125,20 @@ def record_kinds(kinds) -> list[int]:
             raise InvalidAppend(f"records of kind {kind.name} are written by init_producer "
                                 f"and begin_txn only")
     return list(map(int, out))
+
+
+def stream_name(name) -> str:
+    """`name` when it follows Kafka's topic rule (DESIGN 1), else InvalidStreamName."""
+    if not layout.valid_stream_name(name):
+        raise InvalidStreamName(
+            f"invalid stream name {name!r}: 1 to 249 of letters, digits, '.', '_' and "
+            f"'-', not '.' or '..'")
+    return name
+
+
+def partition_count(partitions, most: int) -> int:
+    """`partitions` when it is an int in 1..`most`, else InvalidArgument."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
+            1 <= partitions <= most):
+        raise InvalidArgument(f"partitions must be an int in 1..{most} (got {partitions!r})")
+    return partitions

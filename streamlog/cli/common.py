@@ -23,8 +23,9 @@ import os
 import re
 import sys
 
-from .. import layout
+from .. import layout, validate
 from ..config import LogConfig
+from ..errors import InvalidArgument
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_DAEMON = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
@@ -216,11 +217,10 @@ def timestamp_arg(text: str) -> int:
 
 def stream_arg(text: str) -> str:
     """--stream: checked before the log is opened (or created)."""
-    if not layout.valid_stream_name(text):
-        raise argparse.ArgumentTypeError(
-            f"invalid stream name {text!r}: use letters, digits, '.', '_' and '-', "
-            f"at most 200 characters")
-    return text
+    try:
+        return validate.stream_name(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def partitions_arg(text: str) -> int:

@@ -13,15 +13,9 @@ daemon is the one broker (node 0) and the leader of every partition. Timestamps 
 milliseconds on the wire and microseconds in the log. Control records (commit and abort
 markers, footprints) keep their offsets and are served as Kafka control batches, which
 consumers skip; read_committed is applied here (aborted and open transactions' data is
-not sent), so the aborted-transactions list is always empty. A null value or header
-value is stored as b"" (the log has no null value).
+not sent), so the aborted-transactions list is always empty.
 
-Cost per record: a produced batch without headers or null values is decoded into Arrow
-arrays (record_decoding.py: one Python step per record, to hop to the next) and
-appended with append_columns; other batches go through lists and append_batch. A
-fetched log batch of data without headers is encoded with NumPy from its columns
-(record_encoding.encode_arrays); control records and records with headers take the
-per-record encoder.
+The translation between Kafka's record batches and the log's is batches.py.
 
 Idempotent producers: InitProducerId gives a new producer id (epoch 0) every time, as
 Kafka does for a producer without a transactional id, never one handed out before
@@ -51,11 +45,8 @@ import json
 import logging
 import threading
 
-import numpy as np
-
 from .. import errors as log_errors
-from ..records import RecordKind
-from . import record_decoding, record_encoding, records as kafka_records
+from . import batches, record_decoding, records as kafka_records
 from .codec import Request, build, response_schema
 from .errors import ErrorCode
 from .producer_state import ProducerState
@@ -65,8 +56,6 @@ OFFSETS_STREAM = "kafka.consumer_offsets"  # a stream name starts with a letter 
 NODE_ID = 0
 CLUSTER_ID = "streamlog"
 _LOG = logging.getLogger("streamlog.kafka")
-_BATCH_RECORDS_MAX = 4096  # records per batch in a Fetch response
-_CHUNK_BYTES = 1 << 20  # about this many key and value bytes per batch too
 _VERDICT_CODES = {SequenceVerdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
                   SequenceVerdict.FENCED: ErrorCode.invalid_producer_epoch}
 
@@ -256,37 +245,7 @@ class Broker:
         return _VERDICT_CODES[decision.verdict], -1
 
     def _append(self, topic: str, partition: int, batch, stamp=None) -> int:
-        """Append a batch's records (stamped, for an idempotent producer's batch: then
-        one frame); returns the first offset once durable."""
-        if batch.arrays is not None:  # no headers, no null values: columns as they are
-            columns = {"value": batch.arrays["value"], "key": batch.arrays["key"]}
-            if batch.base_timestamp_ms >= 0:
-                columns["timestamp"] = batch.arrays["timestamp"].to_numpy() * 1000
-            if stamp is not None:
-                result = self.log.append_stamped_sync(topic, partition, stamp, data=columns)
-            else:
-                result = self.log.append_columns_sync(topic, columns, partition=partition)
-            return result.ranges[partition][0]
-        if batch.base_timestamp_ms < 0:  # the producer gave none: the append time
-            stamps = None
-        else:
-            stamps = [ms * 1000 for ms in batch.timestamps_ms]
-        headers = batch.headers
-        if headers is not None:
-            headers = [[(name, b"" if value is None else value) for name, value in row]
-                       for row in headers]
-        values = batch.values
-        if None in values:
-            values = [b"" if value is None else value for value in values]
-        if stamp is not None:
-            result = self.log.append_stamped_sync(topic, partition, stamp, values=values,
-                                                  keys=batch.keys, timestamps_us=stamps,
-                                                  headers=headers)
-        else:
-            result = self.log.append_batch_sync(topic, values, keys=batch.keys,
-                                                timestamps_us=stamps, partition=partition,
-                                                headers=headers)
-        return result.ranges[partition][0]
+        return batches.append(self.log, topic, partition, batch, stamp)
 
     # -- consuming -------------------------------------------------------------------
 
@@ -333,7 +292,7 @@ class Broker:
         if offset == end or (committed and offset >= stable):
             return entry, 0
         try:
-            chunks = read_batches(log, topic, partition, offset, max_bytes, committed,
+            chunks = batches.read(log, topic, partition, offset, max_bytes, committed,
                                   at_least_one=first)
         except log_errors.OffsetOutOfRange:
             entry["error_code"] = ErrorCode.offset_out_of_range
@@ -433,108 +392,3 @@ def _partition_metadata(number: int) -> dict:
     return {"error_code": ErrorCode.none, "partition_index": number, "leader_id": NODE_ID,
             "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
             "offline_replicas": []}
-
-
-def read_batches(log, topic: str, partition: int, offset: int, max_bytes: int,
-                 committed: bool, *, at_least_one: bool) -> list[bytes]:
-    """Kafka batches of the partition from `offset`: data records in batches (their
-    offsets kept, so skipped aborted records leave gaps as compaction does), each
-    control record a control batch. Stops before passing `max_bytes`, except that the
-    first batch is always sent when `at_least_one` (a consumer must make progress)."""
-    out, total, last_sent = [], 0, offset - 1
-    reader = log.reader(topic, partition, from_offset=offset, data_only=False,
-                        read_committed=committed)
-    try:
-        for columns, lo, hi in _slices(reader):
-            if columns.kinds is None and columns.header_lengths is None:
-                chunks = _array_chunks(columns, lo, hi)  # data only, no headers: NumPy
-            else:
-                chunks = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)),
-                                       columns)
-            for chunk, last in chunks:
-                if total + len(chunk) > max_bytes and (out or not at_least_one):
-                    return out
-                out.append(chunk)
-                total, last_sent = total + len(chunk), last
-        if reader.next_offset - 1 > last_sent:
-            # read_committed skipped an aborted transaction (its marker included) at
-            # the end: a control batch on its last offset moves the consumer past it
-            out.append(record_encoding.encode_control_batch(reader.next_offset - 1, 0,
-                                                          commit=False))
-    finally:
-        reader.close()
-    return out
-
-
-def _slices(reader):
-    from ..reader import WAIT
-    for item in reader.slices():
-        if item is WAIT:  # not following: never happens, but never wait here
-            return
-        yield item
-
-
-def _columns_records(columns, partition, lo, hi):
-    from ..payload import columns_to_records
-    return columns_to_records(columns, partition, lo, hi, data_only=False)
-
-
-def _kafka_chunks(records, columns):
-    """Encode log records (of the batch `columns`) as Kafka batches: runs of data,
-    control records alone. Yields (batch bytes, its last offset)."""
-    run: list = []
-    for record in records:
-        if record.kind == RecordKind.DATA:
-            run.append(record)
-            if len(run) >= _BATCH_RECORDS_MAX:
-                yield _data_batch(run, columns), run[-1].offset
-                run = []
-            continue
-        if run:
-            yield _data_batch(run, columns), run[-1].offset
-            run = []
-        yield record_encoding.encode_control_batch(
-            record.offset, record.timestamp_us // 1000,
-            commit=record.kind != RecordKind.ABORT), record.offset
-    if run:
-        yield _data_batch(run, columns), run[-1].offset
-
-
-def _producer_fields(columns, row: int) -> dict:
-    """The producer id, epoch and base sequence of a Kafka batch that starts at `row`
-    of the log batch `columns`, as the producer sent them (-1s: no producer)."""
-    stamp = columns.producer
-    if stamp is None:
-        return {}
-    return {"producer_id": stamp.producer_id, "producer_epoch": stamp.producer_epoch,
-            "base_sequence": stamp.sequence_at(row)}
-
-
-def _array_chunks(columns, lo: int, hi: int):
-    """Rows [lo, hi) of a log batch of data records without headers, as Kafka batches
-    of at most _BATCH_RECORDS_MAX records and about _CHUNK_BYTES each, encoded from
-    the batch's columns without a loop per record. Yields (batch bytes, last offset)."""
-    key_offsets, value_offsets = columns.key_offsets(), columns.value_offsets()
-    stamps_ms = columns.timestamps_us // 1000
-    sizes = value_offsets + key_offsets  # bytes before each row
-    start = lo
-    while start < hi:
-        limit = sizes[start] + _CHUNK_BYTES
-        end = min(hi, start + _BATCH_RECORDS_MAX,
-                  max(start + 1, int(np.searchsorted(sizes, limit, side="right")) - 1))
-        yield record_encoding.encode_arrays(
-            columns.base_offset + start, stamps_ms[start:end], columns.key_lengths[start:end],
-            columns.keys[key_offsets[start]:key_offsets[end]],
-            columns.value_lengths[start:end],
-            columns.values[value_offsets[start]:value_offsets[end]],
-            **_producer_fields(columns, start)), columns.base_offset + end - 1
-        start = end
-
-
-def _data_batch(run, columns) -> bytes:
-    base = run[0].offset
-    headers = [r.headers for r in run]
-    return record_encoding.encode_columns(
-        base, [r.offset - base for r in run], [r.timestamp_us // 1000 for r in run],
-        [r.key for r in run], [r.value for r in run], headers if any(headers) else None,
-        **_producer_fields(columns, base - columns.base_offset))

@@ -16,7 +16,8 @@ import pytest
 
 import streamlog
 from streamlog.kafka import record_decoding, record_encoding, records
-from streamlog.kafka.broker import Broker, read_batches
+from streamlog.kafka.batches import read as read_batches
+from streamlog.kafka.broker import Broker
 from streamlog.kafka.errors import ErrorCode
 from streamlog.kafka.producer_state import ID_BLOCK, ProducerIds
 from streamlog.testing.serve import ServeProcess

@@ -20,7 +20,8 @@ from kio.serial._introspect import classify_field, get_field_tag, is_optional
 
 import streamlog
 from streamlog.kafka import codec, record_decoding, record_encoding, records
-from streamlog.kafka.broker import Broker, read_batches
+from streamlog.kafka.batches import read as read_batches
+from streamlog.kafka.broker import Broker
 from streamlog.kafka.errors import ErrorCode, FrameTooLarge, KafkaProtocolError, \
     UnsupportedRequest
 from streamlog.kafka.groups import Coordinator, GroupState
