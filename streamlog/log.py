@@ -419,20 +419,20 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         part = self._admit(submission)[0]
         part.submit_then(pieces, waiter)
 
-    def _writable(self, stream: str) -> list[Partition]:
+    def _writable(self, stream: str, internal: bool = False) -> list[Partition]:
         partitions = self._partitions(stream)  # UnknownStream, LogClosed
         if self.readonly:
             raise ReadOnlyLog("the log was opened read-only")
+        if not internal and layout.is_internal(stream):
+            raise InternalStream(f"{stream!r} is one of streamlog's own streams: "
+                                 f"readable, written only by streamlog")
         return partitions
 
     def _admit(self, submission: Submission) -> list[Partition]:
         """The partitions a submission goes to, in its order, its transaction checked
         in each (txn_jobs.check_appendable). Fenced once a newer writer has taken a
         tiered log over in its store."""
-        partitions = self._writable(submission.stream)
-        if not submission.internal and layout.is_internal(submission.stream):
-            raise InternalStream(f"{submission.stream!r} is one of streamlog's own streams: "
-                                 f"readable, written only by streamlog")
+        partitions = self._writable(submission.stream, submission.internal)
         if self.tiering is not None and self.tiering.fenced:
             raise Fenced(f"the log at {self.path} was taken over in its store by a newer "
                          f"writer: this one appends no more ({self.tiering.error})")

@@ -9,7 +9,8 @@ groups.py (consumer-group membership), server.py (the asyncio listener). See DES
 section 9.
 """
 
-from .broker import Broker, OFFSETS_STREAM
+from .broker import Broker
+from .offsets import OFFSETS_STREAM
 from .server import KafkaConfig, KafkaServer
 
 __all__ = ["Broker", "KafkaConfig", "KafkaServer", "OFFSETS_STREAM"]

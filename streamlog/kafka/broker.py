@@ -32,28 +32,28 @@ Transactional producers (a transactional_id) are refused with
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the Kafka transaction APIs (AddPartitionsToTxn,
 EndTxn, ...) are not served.
 
-Committed offsets are records of the stream `kafka.consumer_offsets` (key
-"group\\0topic\\0partition", value JSON {"offset", "metadata"}), appended and acknowledged
-under the log's fsync policy before OffsetCommit answers; the broker reads them all back
-when it starts.
+Committed offsets are records of the internal stream `__consumer_offsets`
+(offsets.py). Streams whose names start with "__" are streamlog's own: Metadata says
+they are internal, and Produce into one is refused with INVALID_TOPIC_EXCEPTION, as
+Kafka refuses client writes to its internal topics.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import threading
 
 from .. import errors as log_errors
+from ..layout import is_internal
 from . import batches, record_decoding, records as kafka_records
 from .codec import Request, build, response_schema
 from .errors import ErrorCode
+from .offsets import CommittedOffsets
 from .producer_state import ProducerState
 from .producers import Batch as SequencedBatch, SequenceVerdict
 
-OFFSETS_STREAM = "kafka.consumer_offsets"  # a stream name starts with a letter or digit
 NODE_ID = 0
+TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 CLUSTER_ID = "streamlog"
 _LOG = logging.getLogger("streamlog.kafka")
 _VERDICT_CODES = {SequenceVerdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
@@ -76,14 +76,13 @@ class Broker:
         self.log = log
         self.default_partitions = default_partitions
         self.auto_create_topics = auto_create_topics
+        self.transaction_timeout_max_ms = TRANSACTION_TIMEOUT_MAX_MS
         self.producers = ProducerState(log)
-        self._offsets: dict[str, dict[tuple[str, int], tuple[int, str | None]]] = {}
-        self._offsets_lock = threading.Lock()
-        self._load_offsets()
+        self.offsets = CommittedOffsets(log)
 
     # -- topics ----------------------------------------------------------------------
 
-    def _partition_count(self, topic: str) -> int | None:
+    def partition_count(self, topic: str) -> int | None:
         try:
             return self.log.partition_count(topic)
         except (log_errors.UnknownStream, log_errors.InvalidArgument, TypeError):
@@ -98,14 +97,14 @@ class Broker:
         allow_create = getattr(body, "allow_auto_topic_creation", True)
         topics = []
         for name in names:
-            count = self._partition_count(name)
+            count = self.partition_count(name)
             error = ErrorCode.none
             if count is None and allow_create and self.auto_create_topics and name:
                 error, count = self._create(name, self.default_partitions)
             elif count is None:
                 error = ErrorCode.unknown_topic_or_partition
             topics.append({
-                "error_code": error, "name": name, "is_internal": name == OFFSETS_STREAM,
+                "error_code": error, "name": name, "is_internal": is_internal(name),
                 "partitions": [_partition_metadata(p) for p in range(count or 0)]})
         return build(response_schema(request),
                      brokers=[{"node_id": NODE_ID, "host": endpoint.host,
@@ -115,12 +114,11 @@ class Broker:
     def _create(self, name: str, partitions: int) -> tuple[ErrorCode, int | None]:
         try:
             return ErrorCode.none, self.log.create_stream(name, partitions)
-        except log_errors.InvalidArgument as error:
-            if "invalid stream name" in str(error):
-                return ErrorCode.invalid_topic_exception, None
-            if "has" in str(error) and "partition" in str(error):
-                return ErrorCode.none, self._partition_count(name)
-            return ErrorCode.invalid_partitions, None
+        except (log_errors.InvalidStreamName, log_errors.InternalStream):
+            return ErrorCode.invalid_topic_exception, None
+        except log_errors.InvalidArgument:  # created meanwhile with another count
+            count = self.partition_count(name)
+            return (ErrorCode.none, count) if count else (ErrorCode.invalid_partitions, None)
 
     def handle_create_topics(self, request: Request):
         results = []
@@ -131,7 +129,7 @@ class Broker:
                     topic.assignments)
             result = {"name": topic.name, "error_code": ErrorCode.none,
                       "num_partitions": partitions, "replication_factor": 1}
-            if self._partition_count(topic.name) is not None:
+            if self.partition_count(topic.name) is not None:
                 result.update(error_code=ErrorCode.topic_already_exists,
                               error_message=f"topic {topic.name!r} already exists")
             elif topic.replication_factor not in (-1, 1):
@@ -184,6 +182,8 @@ class Broker:
                     code, base = ErrorCode.invalid_required_acks, -1
                 elif body.transactional_id is not None:
                     code, base = ErrorCode.transactional_id_authorization_failed, -1
+                elif is_internal(topic.name):  # as Kafka: no client writes them
+                    code, base = ErrorCode.invalid_topic_exception, -1
                 else:
                     code, base = self._produce_partition(topic.name, data.index,
                                                          data.records or b"")
@@ -196,7 +196,7 @@ class Broker:
         return build(response_schema(request), responses=topics)
 
     def _produce_partition(self, topic: str, partition: int, data: bytes):
-        count = self._partition_count(topic)
+        count = self.partition_count(topic)
         if count is None or not 0 <= partition < count:
             return ErrorCode.unknown_topic_or_partition, -1
         try:
@@ -278,7 +278,7 @@ class Broker:
                  "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                  "aborted_transactions": [] if committed else None,
                  "preferred_read_replica": -1, "records": b""}
-        count = self._partition_count(topic)
+        count = self.partition_count(topic)
         if count is None or not 0 <= partition < count:
             entry["error_code"] = ErrorCode.unknown_topic_or_partition
             return entry, 0
@@ -314,7 +314,7 @@ class Broker:
                 result = {"partition_index": asked.partition_index,
                           "error_code": ErrorCode.none, "timestamp": -1, "offset": -1,
                           "leader_epoch": 0}
-                count = self._partition_count(topic.name)
+                count = self.partition_count(topic.name)
                 if count is None or not 0 <= asked.partition_index < count:
                     result["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
@@ -328,15 +328,25 @@ class Broker:
         log = self.log
         if timestamp == -2:  # earliest
             return {"offset": log.start_offset(topic, partition)}
-        if timestamp in (-1, -3):  # latest (-3, max timestamp, answered as latest)
+        if timestamp == -1:  # latest
             if committed:
                 return {"offset": log.last_stable_offset(topic, partition)}
             return {"offset": log.end_offset(topic, partition)}
+        if timestamp == -3:  # the record with the largest timestamp (KIP-734)
+            highest = _max_timestamp_us(log, topic, partition)
+            if highest is None:
+                return {"offset": -1, "timestamp": -1}
+            return self._first_at(topic, partition, highest)
         if timestamp < 0:
             return {"error_code": ErrorCode.invalid_request}
-        offset = log.offset_for_timestamp(topic, partition, timestamp * 1000)
-        end = log.end_offset(topic, partition)
-        if offset >= end:
+        return self._first_at(topic, partition, timestamp * 1000)
+
+    def _first_at(self, topic: str, partition: int, timestamp_us: int):
+        """The first record at which the partition's high-water mark reaches
+        `timestamp_us` (DESIGN 5): its offset and timestamp in milliseconds."""
+        log = self.log
+        offset = log.offset_for_timestamp(topic, partition, timestamp_us)
+        if offset >= log.end_offset(topic, partition):
             return {"offset": -1, "timestamp": -1}
         with log.reader(topic, partition, from_offset=offset, read_committed=False) as reader:
             record = next(iter(reader.records()), None)
@@ -346,49 +356,34 @@ class Broker:
 
     # -- committed offsets -----------------------------------------------------------
 
-    def _load_offsets(self) -> None:
-        self.log.create_stream(OFFSETS_STREAM, 1)
-        with self.log.reader(OFFSETS_STREAM, 0) as reader:
-            for record in reader.records():
-                try:
-                    group, topic, partition = record.key.decode().split("\0")
-                    value = json.loads(record.value)
-                    self._offsets.setdefault(group, {})[(topic, int(partition))] = (
-                        int(value["offset"]), value.get("metadata"))
-                except (AttributeError, ValueError, KeyError, TypeError):
-                    _LOG.warning("kafka_offsets_record_skipped",
-                                 extra={"fields": {"offset": record.offset}})
-
     def commit_offsets(self, group: str, commits: list[tuple[str, int, int, str | None]]):
         """Append (topic, partition, offset, metadata) commits durably, then remember
         them. Returns {(topic, partition): ErrorCode}."""
-        codes, keys, values, kept = {}, [], [], []
-        for topic, partition, offset, metadata in commits:
-            count = self._partition_count(topic)
-            if count is None or not 0 <= partition < count:
-                codes[(topic, partition)] = ErrorCode.unknown_topic_or_partition
-                continue
-            if metadata is not None and len(metadata) > 4096:
-                codes[(topic, partition)] = ErrorCode.offset_metadata_too_large
-                continue
-            keys.append(f"{group}\0{topic}\0{partition}".encode())
-            values.append(json.dumps({"offset": offset, "metadata": metadata}).encode())
-            kept.append((topic, partition, offset, metadata))
-        if kept:
-            self.log.append_batch_sync(OFFSETS_STREAM, values, keys=keys, partition=0)
-            with self._offsets_lock:
-                stored = self._offsets.setdefault(group, {})
-                for topic, partition, offset, metadata in kept:
-                    stored[(topic, partition)] = (offset, metadata)
-                    codes[(topic, partition)] = ErrorCode.none
-        return codes
+        return self.offsets.commit(group, commits, self.partition_count)
 
     def committed(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
-        with self._offsets_lock:
-            return dict(self._offsets.get(group, {}))
+        return self.offsets.of(group)
 
 
 def _partition_metadata(number: int) -> dict:
     return {"error_code": ErrorCode.none, "partition_index": number, "leader_id": NODE_ID,
             "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
             "offline_replicas": []}
+
+
+def _max_timestamp_us(log, topic: str, partition: int) -> int | None:
+    """The largest timestamp in the partition (None when it is empty): the partition's
+    high-water mark, found as the largest t whose seek by time (offset_for_timestamp:
+    the first offset whose high-water mark reaches t) lands before the end. About 64
+    index lookups; the first record at that mark is the first with that timestamp."""
+    end = log.end_offset(topic, partition)
+    low, high = -(1 << 63) + 1, (1 << 63) - 1
+    if log.offset_for_timestamp(topic, partition, low) >= end:
+        return None
+    while low < high:  # invariant: a seek to `low` lands before the end
+        middle = (low + high + 1) // 2
+        if log.offset_for_timestamp(topic, partition, middle) < end:
+            low = middle
+        else:
+            high = middle - 1
+    return low

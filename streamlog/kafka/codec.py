@@ -66,11 +66,20 @@ SERVED: dict[int, tuple[str, int, int]] = {
     12: ("Heartbeat", 0, 4),
     13: ("LeaveGroup", 0, 4),
     14: ("SyncGroup", 0, 5),
+    15: ("DescribeGroups", 0, 5),
+    16: ("ListGroups", 0, 5),
     17: ("SaslHandshake", 0, 1),
     18: ("ApiVersions", 0, 4),
     19: ("CreateTopics", 2, 5),
+    20: ("DeleteTopics", 1, 6),
+    21: ("DeleteRecords", 0, 2),
     22: ("InitProducerId", 0, 4),
+    32: ("DescribeConfigs", 1, 4),
     36: ("SaslAuthenticate", 0, 2),
+    37: ("CreatePartitions", 0, 3),
+    42: ("DeleteGroups", 0, 2),
+    47: ("OffsetDelete", 0, 0),
+    60: ("DescribeCluster", 0, 1),
 }
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 FRAME_BYTES_MAX = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
@@ -188,11 +197,26 @@ def _unsupported_response(api_key: int, version: int, correlation_id: int) -> by
         return _encode(api_key, correlation_id,
                        build(schema, error_code=ErrorCode.unsupported_version,
                              api_keys=api_versions_list()))
-    try:
-        schema = load_response_schema(api_key, version)
-    except (KioIndexError, KeyError, ValueError):
+    schema = _response_schema_or_oldest(api_key, version)
+    if schema is None:
         return None
     return _encode(api_key, correlation_id, zero(schema, ErrorCode.unsupported_version))
+
+
+# Versions Kafka 4 dropped (kio has no schema for them) whose response has the same
+# top-level fields as a version kio has: an UNSUPPORTED_VERSION answer in that version,
+# every array empty, reads the same to the old client (DescribeConfigs v0: throttle
+# time, results; v1 added fields inside the results only).
+_ANSWER_AS = {(32, 0): 1}
+
+
+def _response_schema_or_oldest(api_key: int, version: int):
+    """The response schema to answer `api_key` `version` in: its own, or the one
+    _ANSWER_AS names; None when there is none (the connection then ends)."""
+    try:
+        return load_response_schema(api_key, _ANSWER_AS.get((api_key, version), version))
+    except (KioIndexError, KeyError, ValueError):
+        return None
 
 
 def api_versions_list() -> list[dict]:

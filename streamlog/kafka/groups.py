@@ -49,6 +49,8 @@ class Member:
     join: asyncio.Future | None = None
     sync: asyncio.Future | None = None
     assignment: bytes = b""
+    client_id: str = ""
+    client_host: str = ""
 
 
 @dataclasses.dataclass
@@ -85,7 +87,8 @@ class Coordinator:
 
     async def join(self, group_id: str, member_id: str, *, group_instance_id: str | None,
                    client_id: str, session_timeout_s: float, rebalance_timeout_s: float,
-                   protocol_type: str, protocols: list[tuple[str, bytes]]) -> JoinResult:
+                   protocol_type: str, protocols: list[tuple[str, bytes]],
+                   client_host: str = "") -> JoinResult:
         if not group_id:
             return JoinResult(ErrorCode.invalid_group_id, member_id=member_id)
         if not 0.1 <= session_timeout_s <= 1800:
@@ -105,6 +108,7 @@ class Coordinator:
                 member_id, group_instance_id, session_timeout_s, rebalance_timeout_s,
                 list(protocols), now)
         member.protocols, member.last_seen = list(protocols), now
+        member.client_id, member.client_host = client_id, client_host
         member.session_timeout_s, member.rebalance_timeout_s = (session_timeout_s,
                                                                 rebalance_timeout_s)
         group.protocol_type = protocol_type
@@ -202,9 +206,11 @@ class Coordinator:
 
     def check_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
         """May this member commit offsets? (generation -1: a consumer outside the group
-        protocol, such as one that assigned itself partitions.)"""
+        protocol, such as one that assigned itself partitions, or an admin tool
+        resetting a group's offsets: as Kafka, only while the group has no members.)"""
         if generation < 0 and not member_id:
-            return ErrorCode.none
+            group = self.groups.get(group_id)
+            return ErrorCode.unknown_member_id if group and group.members else ErrorCode.none
         group, _member, code = self._member(group_id, generation, member_id)
         if code == ErrorCode.none and group.state is GroupState.PREPARING:
             return ErrorCode.rebalance_in_progress
@@ -227,6 +233,17 @@ class Coordinator:
             return
         self._prepare_rebalance(group)
         self._maybe_complete_join(group)
+
+    # -- admin ---------------------------------------------------------------------
+
+    def forget(self, group_id: str) -> ErrorCode:
+        """DeleteGroups' step here: drop a group without members (NON_EMPTY_GROUP while
+        it has some)."""
+        group = self.groups.get(group_id)
+        if group is not None and group.members:
+            return ErrorCode.non_empty_group
+        self.groups.pop(group_id, None)
+        return ErrorCode.none
 
     # -- time ------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ import logging
 import ssl
 import time
 
-from . import codec
+from . import admin, codec
 from .broker import NODE_ID, Broker, Endpoint
 from .codec import Request, build, encode_response, response_schema
 from .errors import ErrorCode, KafkaProtocolError, UnsupportedRequest
@@ -384,7 +384,8 @@ class KafkaServer:
                 client_id=request.client_id or "", session_timeout_s=session_s,
                 rebalance_timeout_s=rebalance.total_seconds() if rebalance else session_s,
                 protocol_type=body.protocol_type,
-                protocols=[(p.name, p.metadata) for p in body.protocols])
+                protocols=[(p.name, p.metadata) for p in body.protocols],
+                client_host="/" + session.peer.rsplit(":", 1)[0])
         return build(response_schema(request), **dataclasses.asdict(result))
 
     async def _on_SyncGroup(self, request: Request, session: _Session):
@@ -449,6 +450,44 @@ class KafkaServer:
                                 "error_code": ErrorCode.none})
             topics.append({"name": name, "partitions": entries})
         return build(response_schema(request), topics=topics, error_code=ErrorCode.none)
+
+
+    # -- handlers: admin (admin.py) --------------------------------------------------
+
+    async def _on_ListGroups(self, request: Request, session: _Session):
+        return admin.list_groups_answer(request, self.coordinator, self.broker.offsets)
+
+    async def _on_DescribeGroups(self, request: Request, session: _Session):
+        return admin.describe_groups_answer(request, self.coordinator, self.broker.offsets)
+
+    async def _on_DeleteGroups(self, request: Request, session: _Session):
+        codes = admin.delete_groups_plan(request, self.coordinator, self.broker.offsets)
+        return await self._run(admin.delete_groups_finish, request, codes,
+                               self.broker.offsets)
+
+    async def _on_OffsetDelete(self, request: Request, session: _Session):
+        refused = admin.offset_delete_check(request, self.coordinator)
+        return await self._run(admin.offset_delete_finish, request, refused,
+                               self.broker.offsets)
+
+    async def _on_DescribeConfigs(self, request: Request, session: _Session):
+        broker = self.broker
+        return admin.describe_configs_answer(
+            request, broker, default_partitions=broker.default_partitions,
+            auto_create=broker.auto_create_topics,
+            transaction_timeout_max_ms=broker.transaction_timeout_max_ms)
+
+    async def _on_DescribeCluster(self, request: Request, session: _Session):
+        return admin.describe_cluster_answer(request, session.endpoint)
+
+    async def _on_DeleteTopics(self, request: Request, session: _Session):
+        return await self._run(admin.delete_topics_answer, request, self.broker)
+
+    async def _on_DeleteRecords(self, request: Request, session: _Session):
+        return await self._run(admin.delete_records_answer, request, self.broker)
+
+    async def _on_CreatePartitions(self, request: Request, session: _Session):
+        return await self._run(admin.create_partitions_answer, request, self.broker)
 
 
 class _AuthFailed(_Closing):
