@@ -10,7 +10,8 @@ under a transaction and a commit marker (DESIGN 6). With a daemon's URL as the p
 executors append their rows through the daemon under open transactions and the driver
 commits those instead (_remote.py). See _commit.py for the two modes,
 transactional (default) and truncate, and _columns.py for how DataFrame columns map to
-records (value required; key, timestamp, partition, headers optional).
+records (a value column required, a null in it a tombstone; key, timestamp, partition,
+headers optional).
 """
 
 from ._writer import BatchWriter, Staged, StreamWriter

@@ -7,7 +7,7 @@ compute calls; the only per-row Python work is the partition hash, and only when
 stream has more than one partition and the DataFrame gives no `partition`.
 
     column     accepted Spark types                  staged as
-    value      binary, string (UTF-8)   required     binary, never null
+    value      binary, string (UTF-8)   required     binary, null = a tombstone (value None)
     key        binary, string           optional     binary, null = no key
     timestamp  timestamp, timestamp_ntz optional     int64 microseconds (UTC); null or
                                                      absent = time of staging
@@ -17,7 +17,8 @@ stream has more than one partition and the DataFrame gives no `partition`.
 Other columns (the `stream` and `offset` of rows read from a streamlog, say) are ignored,
 as Spark's Kafka sink ignores what it does not use. Rows without a partition go to
 `partition_for_key(key)` (the log's own rule for keyed appends: xxh3_64 modulo the
-count) and, without a key, to the same hash of their value. Not round robin: a replayed micro-batch must route every
+count) and, without a key, to the same hash of their value (of b"" for a null value).
+Not round robin: a replayed micro-batch must route every
 row exactly where its first attempt did, or a partition that already committed the batch
 would skip rows that another partition then takes a second time.
 """
@@ -36,7 +37,7 @@ from streamlog import InvalidArgument
 
 STAGED_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 STAGED_FIELDS = [pa.field("partition", pa.int32(), False), pa.field("key", pa.binary()),
-                 pa.field("value", pa.binary(), False), pa.field("timestamp", pa.int64(), False)]
+                 pa.field("value", pa.binary()), pa.field("timestamp", pa.int64(), False)]
 _INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ACCEPTED = {
     "value": ((T.BinaryType, T.StringType), "binary or string"),
@@ -96,13 +97,10 @@ class ColumnMap:
     def stage(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One incoming batch -> a batch of `staged_schema`, rows in input order.
 
-        Raises InvalidArgument for a null value or a partition out of range.
+        Raises InvalidArgument for a partition out of range.
         """
         n = batch.num_rows
         value = _binary(batch.column(self.value))
-        if value.null_count:
-            raise InvalidArgument(f"column {self.value!r} is null in {value.null_count} "
-                                  f"row(s); every streamlog record needs a value")
         key = (_binary(batch.column(self.key)) if self.key is not None
                else pa.nulls(n, pa.binary()))
         now_us = time.time_ns() // 1000
@@ -136,12 +134,13 @@ class ColumnMap:
 
 
 def _hashed(key: pa.Array, value: pa.Array) -> np.ndarray:
-    """xxh3_64 of each row's key, or of its value when it has none, as uint64: the
-    digest `streamlog.partition_for_key` takes modulo the partition count."""
+    """xxh3_64 of each row's key, or of its value when it has none (b"" for a null
+    value), as uint64: the digest `streamlog.partition_for_key` takes modulo the
+    partition count."""
     digest = xxhash.xxh3_64_intdigest
     keys = key.to_pylist()
     if key.null_count:
-        routed = [k if k is not None else v for k, v in zip(keys, value.to_pylist())]
+        routed = [k if k is not None else v or b"" for k, v in zip(keys, value.to_pylist())]
     else:
         routed = keys
     return np.fromiter(map(digest, routed), dtype=np.uint64, count=len(routed))

@@ -313,7 +313,7 @@ def python_columns(batches):
     table = pa.Table.from_batches(batches)
     headers = None
     if "headers" in table.column_names:
-        headers = [None if h is None else [(pair["key"], pair["value"] or b"") for pair in h]
+        headers = [None if h is None else [(pair["key"], pair["value"]) for pair in h]
                    for h in table.column("headers").to_pylist()]
     return (table.column("value").to_pylist(), table.column("key").to_pylist(),
             table.column("timestamp").to_pylist(), headers)

@@ -18,7 +18,7 @@ list item name, nothing else in practice).
                                      clock when it gave none); the log keeps no second,
                                      append-time stamp (Kafka's 1, LogAppendTime)
     key        binary     null when the record has no key
-    value      binary     not null
+    value      binary     null for a tombstone (a None value; an empty value is empty)
     headers    array<struct<key: string, value: binary>>   only with includeHeaders=true
 """
 
@@ -39,7 +39,7 @@ _BASE_FIELDS = [
     StructField("timestamp", TimestampType(), False),
     StructField("timestampType", IntegerType(), False),
     StructField("key", BinaryType(), True),
-    StructField("value", BinaryType(), False),
+    StructField("value", BinaryType(), True),
 ]
 
 

@@ -106,6 +106,14 @@ LOCAL_ONLY: dict[str, str] = {
                               "listener); clients only read them",
     "append_internal_sync": "the door to streamlog's own streams, as "
                             "create_internal_stream",
+    "delete_stream": "the Kafka listener's DeleteTopics, beside the log; the daemon's "
+                     "wire protocol does not carry it yet",
+    "delete_records": "the Kafka listener's DeleteRecords, beside the log; the daemon's "
+                      "wire protocol does not carry it yet",
+    "add_partitions": "the Kafka listener's CreatePartitions, beside the log; the "
+                      "daemon's wire protocol does not carry it yet",
+    "commit_txns": "the Kafka listener's transactions over several partitions, beside "
+                   "the log; the daemon's wire protocol does not carry it yet",
 }
 
 

@@ -84,20 +84,19 @@ class AppendRules:
 
     def one(self, stream: str, count: int, value, key, timestamp_us, partition, headers,
             kind, txn_id: int) -> Submission:
-        """A single record: the common case checked inline, the rest through the
-        general checks (which give the same errors)."""
-        if (type(value) is bytes and (key is None or type(key) is bytes)
+        """A single record: the common case (a tombstone, value None, among it) checked
+        inline, the rest through the general checks (which give the same errors)."""
+        if ((type(value) is bytes or value is None) and (key is None or type(key) is bytes)
                 and (timestamp_us is None or type(timestamp_us) is int
                      and INT64_MIN < timestamp_us <= INT64_MAX)
                 and not headers and kind == RecordKind.DATA and txn_id == 0
                 and (partition is None or type(partition) is int and 0 <= partition < count)
-                and len(value) + (len(key) if key is not None else 0)
-                <= self.config.record_bytes_max):
+                and record_bytes(value, key) <= self.config.record_bytes_max):
             if partition is None:
                 partition = self.route(stream, [key], count).popitem()[0]
             if timestamp_us is None:
                 timestamp_us = self.clock.wall_us()
-            size = len(value) + (len(key) if key is not None else 0) + RECORD_OVERHEAD_BYTES
+            size = record_bytes(value, key) + RECORD_OVERHEAD_BYTES
             return Submission(stream, {partition: [Piece([timestamp_us], [key], [value],
                                                          None, None, size, 0)]})
         return self.rows(stream, count, [value], [key],
@@ -152,20 +151,21 @@ class AppendRules:
 
     def stamped(self, stream: str, count: int, partition, producer: ProducerStamp, *,
                 data=None, values=None, keys=None, timestamps_us=None,
-                headers=None) -> Submission:
-        """A Kafka producer's batch, as one frame carrying its stamp. A stamp describes
-        one frame, written whole or not at all: a batch cut into several frames could be
-        found half-written after a crash and taken for appended, so it is refused (as
-        Kafka refuses a batch over max.message.bytes)."""
+                headers=None, txn_id: int = 0) -> Submission:
+        """A Kafka producer's batch, as one frame carrying its stamp (under the
+        transaction `txn_id`, 0: none). A stamp describes one frame, written whole or
+        not at all: a batch cut into several frames could be found half-written after a
+        crash and taken for appended, so it is refused (as Kafka refuses a batch over
+        max.message.bytes)."""
         if (data is None) == (values is None):
             raise InvalidArgument("give the records as data (columns) or as values")
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise InvalidArgument(f"partition must be an int (got {partition!r})")
         if data is not None:
-            submission = self.columns(stream, count, data, partition, 0)
+            submission = self.columns(stream, count, data, partition, txn_id)
         else:
             submission = self.rows(stream, count, values, keys, timestamps_us, partition,
-                                   headers, None, 0)
+                                   headers, None, txn_id)
         check_stamp(producer)
         (pieces,) = submission.pieces.values()  # the partition was named
         if len(pieces) != 1:
@@ -217,6 +217,8 @@ def check_prepared(piece, config: LogConfig) -> None:
         return
     assert len(piece.values) == len(piece.keys) == len(piece.timestamps_us) == count
     check_sizes(piece.values, piece.keys, config.record_bytes_max)
+    if piece.kinds is not None:
+        validate.no_null_markers(piece.values, piece.kinds)
     if set(map(type, piece.timestamps_us)) != {int} or not (
             min(piece.timestamps_us) > INT64_MIN and max(piece.timestamps_us) <= INT64_MAX):
         raise InvalidAppend("a prepared piece's timestamps must be ints in int64's range "
@@ -227,7 +229,10 @@ def check_prepared(piece, config: LogConfig) -> None:
 
 def check_encoded(piece: EncodedRows, limit: int) -> None:
     assert len(piece.key_lengths) == len(piece.value_lengths) == piece.record_count
-    sizes = piece.value_lengths.astype(np.int64) + np.maximum(piece.key_lengths, 0)
+    if int(piece.value_lengths.min()) < -1 or int(piece.key_lengths.min()) < -1:
+        raise InvalidAppend("a prepared piece's lengths must be -1 (None) or more")
+    sizes = (np.maximum(piece.value_lengths, 0).astype(np.int64)
+             + np.maximum(piece.key_lengths, 0))
     if int(sizes.max()) > limit:
         row = int(np.flatnonzero(sizes > limit)[0])
         raise InvalidAppend(f"record {row} is {int(sizes[row])} bytes; the limit is {limit} "
@@ -236,12 +241,18 @@ def check_encoded(piece: EncodedRows, limit: int) -> None:
         raise InvalidAppend("a prepared piece's timestamps must be above int64's minimum")
 
 
+def record_bytes(value, key) -> int:
+    """What a record's key and value count against the limits: their bytes (None: 0)."""
+    return (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+
+
 def check_sizes(values, keys, limit: int) -> None:
     """InvalidAppend naming the first record whose key and value are over `limit`."""
-    # filter(None, ...) drops None (no key) and b"" (adds nothing) at C speed
-    if max(map(len, values)) + max(map(len, filter(None, keys)), default=0) > limit:
+    # filter(None, ...) drops None (no key, a tombstone) and b"" (adds nothing) at C speed
+    if (max(map(len, filter(None, values)), default=0)
+            + max(map(len, filter(None, keys)), default=0) > limit):
         for i in range(len(values)):
-            size = len(values[i]) + (len(keys[i]) if keys[i] is not None else 0)
+            size = record_bytes(values[i], keys[i])
             if size > limit:
                 raise InvalidAppend(f"record {i} is {size} bytes; the limit is {limit} "
                                     f"(record_bytes_max)")
@@ -252,14 +263,13 @@ def cut(rows, values, keys, timestamps, headers, kinds, txn_id, config) -> list[
     budget = config.frame_bytes_max // 2
     if isinstance(rows, range) and len(rows) == len(values) and len(rows) <= (
             config.batch_records_max):
-        size = (sum(map(len, values)) + sum(map(len, filter(None, keys)))
+        size = (sum(map(len, filter(None, values))) + sum(map(len, filter(None, keys)))
                 + RECORD_OVERHEAD_BYTES * len(rows))
         if size <= budget:
             return [_piece(rows, values, keys, timestamps, headers, kinds, txn_id, size)]
     pieces, current, size = [], [], 0
     for row in rows:
-        record = (len(values[row]) + (len(keys[row]) if keys[row] is not None else 0)
-                  + RECORD_OVERHEAD_BYTES)
+        record = record_bytes(values[row], keys[row]) + RECORD_OVERHEAD_BYTES
         if current and (size + record > budget or len(current) >= config.batch_records_max):
             pieces.append(_piece(current, values, keys, timestamps, headers, kinds, txn_id,
                                  size))

@@ -9,7 +9,8 @@ single-record appends cost one write and one fsync. A thread, not a coroutine: f
 blocks, and sync callers (Spark executors) must be able to append too.
 
 Sticky failure: if a write or fsync raises, the partition is FAILED; every queued and
-later append gets PartitionFailed, and fsync is never retried.
+later append gets PartitionFailed, and fsync is never retried. A partition whose stream
+was deleted (Partition.mark_deleted) is failed the same way, with UnknownStream.
 
 The writer loop is here whole, in `_commit`: take the commit lock (which first takes in
 what writers in other processes did: catchup.py), encode (encoder.py, a pure function),
@@ -29,7 +30,7 @@ import threading
 
 from .config import FsyncPolicy, LogConfig
 from .encoder import Compressor, Piece, encode_commit
-from .errors import LogClosed, PartitionFailed
+from .errors import LogClosed, PartitionFailed, UnknownStream
 from .segment import Segment
 from .state import recovery_point
 
@@ -155,6 +156,8 @@ class Appender:
                 or self._queued_bytes + pending.nbytes > self.config.inflight_bytes_max)
 
     def _enqueue_locked(self, pending: Pending) -> None:
+        if isinstance(self.failed, UnknownStream):
+            raise UnknownStream(str(self.failed))
         if self.failed is not None:
             raise PartitionFailed(f"partition {self.partition.name} failed earlier "
                                   f"({self.failed}); reopen the log to recover")
@@ -222,7 +225,9 @@ class Appender:
 
     def _handle(self, group: list[Pending]) -> None:
         if self.failed is not None:
-            error = PartitionFailed(f"partition {self.partition.name} failed: {self.failed}")
+            error = UnknownStream(str(self.failed)) if isinstance(
+                self.failed, UnknownStream) else PartitionFailed(
+                f"partition {self.partition.name} failed: {self.failed}")
             resolve_waiters([(p.waiter, None, error) for p in group])
             return
         if group[-1].job is not None:
@@ -232,6 +237,9 @@ class Appender:
         if appends:
             try:
                 results = self._commit(appends)
+            except UnknownStream as error:  # deleted (mark_deleted made it sticky)
+                resolve_waiters([(p.waiter, None, error) for p in group])
+                return
             except BaseException as error:  # noqa: BLE001 - sticky failure, see above
                 self._fail(error)
                 failure = PartitionFailed(f"write failed: {error}")
@@ -264,6 +272,8 @@ class Appender:
     def _guarded(self, action) -> None:
         try:
             action()
+        except UnknownStream:
+            pass  # deleted by another process: nothing more is written (mark_deleted)
         except OSError as error:
             self._fail(error)
 

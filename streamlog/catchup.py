@@ -9,7 +9,9 @@ when the segment set is unchanged (`take_tail`: no file is read), else from the 
 (`catch_up`: new and removed segments, then recovery.catch_up walks from this process's
 end, indexes what a killed writer left unindexed and cuts what it left half-written).
 Anything else (a truncate, done or under way) and the partition is taken in again as an
-open would (`reload`). These are functions over a partition's state (partition.py):
+open would (`reload`). A stream another process deleted shows here too: the lock's
+file is no longer the one at its path (`PartitionLock.gone`), and nothing more is
+written (Partition.mark_deleted raises UnknownStream). These are functions over a partition's state (partition.py):
 they read `part.state` and change it only through `part.publish`.
 """
 
@@ -53,6 +55,8 @@ class Exclusive:
         part = self.part
         try:
             changed = part.lock.acquire()
+            if changed and part.lock.gone():  # (a delete bumps the counter first)
+                part.mark_deleted(by_another=True)
             tail = part.lock.tail_state() if changed else None
             if changing:
                 part.lock.bump()
@@ -123,15 +127,14 @@ def catch_up(part) -> None:
                                         chunk_bytes=part.config.read_chunk_bytes)
     changes = dict(end_offset=state.next_offset, hwm_us=state.hwm_us)
     if segments != list(ours):  # (catch_up may have removed a torn new segment)
-        changes.update(segments=Segments(segments), start_offset=segments[0].base_offset)
+        changes.update(segments=Segments(segments))
     part.publish(**changes)
     if state.end_segment != len(segments) - 1:
         reload(part)  # not a shape a crash mid-commit leaves: read it all again
         return
     segments[-1].unseal()  # a writer killed between sealing and rolling
     part.publish(active_position=state.end_position, end_segment=state.end_segment)
-    if segments[0] is not ours[0]:  # retention removed some
-        opening.load_start_hwm(part)
+    opening.load_start(part)  # (retention, or delete_records, may have moved it)
     opening.rederive_commits(part)
     part.ring.reset(part.state.end_offset)
 

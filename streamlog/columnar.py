@@ -8,9 +8,10 @@ time, as append_batch does). Every check is a whole-column NumPy expression; whe
 fails, `np.flatnonzero` finds the first bad row and the error names it, with the same
 sentences as validate.py. `encode` then reads the Arrow buffers directly: lengths are
 differences of the offsets, a piece's values blob is the data buffer between its first
-and last offset, and a null key has length -1, which is the payload layout (payload.py)
-already. Pieces are cut by a cumulative sum of record sizes and `np.searchsorted`, so
-the one loop is per frame, not per record, and it cuts exactly where log._cut would.
+and last offset, and a null key or value has length -1, which is the payload layout
+(payload.py) already. Pieces are cut by a cumulative sum of record sizes and
+`np.searchsorted`, so the one loop is per frame, not per record, and it cuts exactly
+where log._cut would.
 
 The one per-record step left: when keys choose the partition of a multi-partition
 stream (no `partition=`), each key is hashed with xxh3 (append.partition_for_key), which
@@ -19,11 +20,12 @@ has no vectorised form here; the keys become Python bytes and are hashed with a 
 
 Column types (anything else raises InvalidAppend naming the column):
   value      Arrow binary, large_binary, string, large_string, fixed_size_binary,
-             binary_view or string_view, no nulls (text is stored as its UTF-8 bytes and
-             read back as binary); or a NumPy bytes array, dtype 'S<n>', whose items
-             follow NumPy's own rule: trailing NUL bytes are not part of an item (what
-             `array[i]` returns is what is stored). Values that may end in NUL bytes must
-             come as an Arrow array.
+             binary_view or string_view (text is stored as its UTF-8 bytes and read back
+             as binary); an Arrow null is a None value, a tombstone (an empty value is
+             b""); or a NumPy bytes array, dtype 'S<n>', whose items follow NumPy's own
+             rule: trailing NUL bytes are not part of an item (what `array[i]` returns
+             is what is stored), and which has no nulls. Values that may end in NUL
+             bytes must come as an Arrow array.
   key        the same types; an Arrow null is a record without a key (a NumPy 'S' array
              has no nulls: every record has a key, perhaps empty).
   timestamp  microseconds since the epoch: an Arrow or NumPy integer array, an Arrow
@@ -61,7 +63,8 @@ _DATETIME_UNITS = {"W": (7 * 86_400_000_000, 1), "D": (86_400_000_000, 1),
 @dataclasses.dataclass(slots=True)
 class Rows:
     """Checked columns of one columnar append: `values` and `keys` are one-chunk Arrow
-    binary or large_binary arrays, `timestamps_us` int64 (None: not given)."""
+    binary or large_binary arrays (a null: a None value, no key), `timestamps_us` int64
+    (None: not given)."""
 
     values: pa.Array
     keys: pa.Array | None
@@ -89,7 +92,7 @@ def rows_from(data, *, record_bytes_max: int) -> Rows:
     """Check and normalise one columnar append (see the module docstring for the types).
 
     Raises InvalidAppend naming the column (and the first bad record) for a missing
-    value column, an unknown column, a wrong type, nulls where none may be, a record
+    value column, an unknown column, a wrong type, a null timestamp, a record
     larger than `record_bytes_max` (key + value bytes), a timestamp outside int64
     microseconds, or no rows at all.
     """
@@ -107,10 +110,6 @@ def rows_from(data, *, record_bytes_max: int) -> Rows:
     n = len(values)
     if n == 0:
         raise InvalidAppend("nothing to append: the columns have no rows")
-    if values.null_count:
-        row = _first(~_valid(values))
-        raise InvalidAppend(f"value of record {row} is null; values must be bytes "
-                            f"(an empty value is b'')")
     keys = _binary_column(columns["key"], "key") if "key" in columns else None
     timestamps = (_timestamps(columns["timestamp"]) if "timestamp" in columns else None)
     for name, column in (("key", keys), ("timestamp", timestamps)):
@@ -262,8 +261,8 @@ def _scaled(raw: np.ndarray, unit: str, count: int) -> np.ndarray:
 
 
 def _check_sizes(values: pa.Array, keys: pa.Array | None, limit: int) -> None:
-    sizes = _lengths(values) + (np.maximum(_key_lengths(keys), 0) if keys is not None
-                                else 0)
+    sizes = (np.maximum(_null_lengths(values), 0)
+             + (np.maximum(_null_lengths(keys), 0) if keys is not None else 0))
     too_big = sizes > limit
     if too_big.any():
         row = _first(too_big)
@@ -330,21 +329,14 @@ def encode(rows: Rows, txn_id: int, *, frame_bytes_max: int,
     batch_records_max records). No copy of the key and value bytes here: the pieces
     hold views of the Arrow buffers, joined into a payload by the writer."""
     assert rows.timestamps_us is not None
-    values_data, value_offsets = _buffers(rows.values)
-    value_lengths = value_offsets[1:] - value_offsets[:-1]
+    values_data, value_offsets, value_lengths = _payload_column(rows.values)
     if rows.keys is None:
         keys_data, key_offsets = b"", np.zeros(len(rows) + 1, dtype=np.int64)
         key_lengths = np.full(len(rows), -1, dtype=np.int64)
     else:
-        keys_data, key_offsets = _buffers(rows.keys)
-        key_lengths = key_offsets[1:] - key_offsets[:-1]
-        if rows.keys.null_count:
-            null = ~_valid(rows.keys)
-            if key_lengths[null].any():  # Arrow lets a null own bytes; the payload does not
-                keys = pc.fill_null(rows.keys, pa.scalar(b"", rows.keys.type))
-                keys_data, key_offsets = _buffers(keys)
-            key_lengths = np.where(null, -1, key_lengths)
-    sizes = value_lengths + np.maximum(key_lengths, 0) + RECORD_OVERHEAD_BYTES
+        keys_data, key_offsets, key_lengths = _payload_column(rows.keys)
+    sizes = (np.maximum(value_lengths, 0) + np.maximum(key_lengths, 0)
+             + RECORD_OVERHEAD_BYTES)
     assert value_lengths.max() < 1 << 31
     assert key_lengths.max() < 1 << 31
     value_lengths_i4 = value_lengths.astype("<i4")
@@ -366,6 +358,20 @@ def encode(rows: Rows, txn_id: int, *, frame_bytes_max: int,
 # -- Arrow buffers --------------------------------------------------------------------------
 
 
+def _payload_column(array: pa.Array) -> tuple[memoryview, np.ndarray, np.ndarray]:
+    """(data buffer, offsets into it: int64[n + 1], lengths with -1 for a null) of a key
+    or value column, in the payload's form: a null takes no bytes."""
+    data, offsets = _buffers(array)
+    lengths = offsets[1:] - offsets[:-1]
+    if array.null_count:
+        null = ~_valid(array)
+        if lengths[null].any():  # Arrow lets a null own bytes; the payload does not
+            array = pc.fill_null(array, pa.scalar(b"", array.type))
+            data, offsets = _buffers(array)
+        lengths = np.where(null, -1, lengths)
+    return data, offsets, lengths
+
+
 def _buffers(array: pa.Array) -> tuple[memoryview, np.ndarray]:
     """(data buffer, offsets into it: int64[n + 1]) of a binary or large_binary array,
     honouring the array's slice offset."""
@@ -383,11 +389,11 @@ def _lengths(array: pa.Array) -> np.ndarray:
     return offsets[1:] - offsets[:-1]
 
 
-def _key_lengths(keys: pa.Array) -> np.ndarray:
-    """Byte length of each key, -1 where it is null (no key)."""
-    lengths = _lengths(keys)
-    if keys.null_count:
-        lengths = np.where(_valid(keys), lengths, -1)
+def _null_lengths(array: pa.Array) -> np.ndarray:
+    """Byte length of each key or value, -1 where it is null (no key, a None value)."""
+    lengths = _lengths(array)
+    if array.null_count:
+        lengths = np.where(_valid(array), lengths, -1)
     return lengths
 
 

@@ -22,7 +22,7 @@ from .frame import (CODEC_ZSTD, FLAG_HAS_PRODUCER, Frame, ProducerStamp, encode_
                     encode_frame_from_parts, payload_start)
 from .index import IndexEntry
 from .payload import (NO_TIME, Columns, EncodedRows, advance_hwm, compress, data_timestamps,
-                      decode_columns, encode_payload_columns, encoded_parts)
+                      decode_columns, encode_payload_columns, encoded_flags, encoded_parts)
 from .txn import frame_events
 
 # Below this payload size zstd is not tried: a frame header's worth of saving at most.
@@ -177,12 +177,13 @@ def encode_one(pieces: list, offset: int, hwm: int | None,
         # Columns: the parts are copied once, straight into the frame, whose payload
         # is then the raw payload too (compressed only if that pays).
         count, min_ts, max_ts = _encoded_bounds(pieces)
+        flags = encoded_flags(pieces)
         data = encode_frame_from_parts(base_offset=offset, record_count=count,
                                        min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                                       txn_id=txn_id, flags=0,
+                                       txn_id=txn_id, flags=flags,
                                        parts=encoded_parts(pieces), producer=producer)
-        raw, flags, data_max_ts, kinds, value_at = (
-            memoryview(data)[payload_start(data):], 0, max_ts, None, None)
+        raw, data_max_ts, kinds, value_at = (
+            memoryview(data)[payload_start(data):], max_ts, None, None)
         columns = None
     else:
         raw, flags, columns, min_ts, max_ts, data_max_ts, kinds, value_at = (

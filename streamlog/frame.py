@@ -12,8 +12,9 @@ Header layout (little-endian, 72 bytes):
          0    4  u32  magic            0x474F4C53 ("SLOG" on disk), lets verify resync
          4    1  u8   version          1
          5    1  u8   flags            bits 0-1 codec (0 none, 1 zstd), bit 2 has control
-                                       records, bit 3 has headers, bit 5 has a producer
-                                       stamp (bit 4 is unused)
+                                       records, bit 3 has headers, bit 4 has nulls (None
+                                       values or header values), bit 5 has a producer
+                                       stamp
          6    2  u16  reserved         0
          8    8  i64  base_offset      offset of the first record
         16    8  i64  min_timestamp_us
@@ -50,6 +51,15 @@ header (HEADER_BYTES + payload_bytes) stays right. Why in the frame at all: a fr
 written whole or detected as torn, so the stamp is exactly as durable as the records it
 describes; a side file written after the append could not say whether a frame cut off
 by a crash was that producer's. Frames without the flag are byte for byte as before.
+
+Nulls (flag bit 4). A record's value may be None (a tombstone), distinct from b"", and
+so may a header value (DESIGN 1). The payload writes a None value as value length -1
+and a None header value as header value length 0xFFFFFFFF (payload.py), and sets this
+flag only when the frame holds one: a frame without None is byte for byte what it was
+before None existed, and a frame with one is refused by an older reader, whose
+FLAGS_KNOWN lacks the bit ("unknown flags"), instead of misread as an empty value.
+Without the flag, a value length of -1 or a header value length of 0xFFFFFFFF is
+corruption, as any other negative or oversized length is.
 """
 
 from __future__ import annotations
@@ -75,8 +85,10 @@ CODEC_ZSTD = 1
 CODEC_MASK = 0b11
 FLAG_HAS_CONTROL = 0b100
 FLAG_HAS_HEADERS = 0b1000
+FLAG_HAS_NULLS = 0b10000
 FLAG_HAS_PRODUCER = 0b100000
-FLAGS_KNOWN = CODEC_MASK | FLAG_HAS_CONTROL | FLAG_HAS_HEADERS | FLAG_HAS_PRODUCER
+FLAGS_KNOWN = (CODEC_MASK | FLAG_HAS_CONTROL | FLAG_HAS_HEADERS | FLAG_HAS_NULLS
+               | FLAG_HAS_PRODUCER)
 
 STAMP = struct.Struct("<qhHi")
 assert STAMP.size == 16

@@ -2,7 +2,9 @@
 
     LOG/streamlog.json                       format marker and version
     LOG/LOCK                                 held (flock) shared by every writing process
-    LOG/streams/.lock                        held while a stream is created
+    LOG/streams/.lock                        held while a stream is created, deleted
+                                             or given partitions; shared while opened
+    LOG/streams/.deleted.UNIQUE.FOLDER/      a deleted stream's folder, being removed
     LOG/streams/STREAM/stream.json           {"partitions": P}   (a STREAM whose name
                                              starts with "." has the folder "%" + name)
     LOG/streams/STREAM/P/00000000000000000000.log   segments, named by base offset
@@ -11,10 +13,13 @@
     LOG/streams/STREAM/P/index.seal          the index's checksum, written by a clean close
     LOG/streams/STREAM/P/scrub.json          the partition's last full verification
     LOG/streams/STREAM/P/truncate.intent     a truncate_after in progress
+    LOG/streams/STREAM/P/start.hwm           start marks: retention's, delete_records'
     LOG/streams/STREAM/P/writer.lock         the commit lock and its change counter
     LOG/quarantine/STREAM/P/TIME/            bytes `streamlog repair` cut
 
 A segment being deleted is first renamed to `.log.deleted`; recovery removes leftovers.
+A stream being deleted is renamed to its `.deleted.` name in one step
+(directory.set_aside); a writable open removes leftovers.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ _STATE = struct.Struct("<QQqqqqQ")
 _U64 = struct.Struct("<Q")
 _TAIL = struct.Struct("<Qqqqq")  # the tail state, after the counter
 _LAYOUT_AT = _U64.size + _TAIL.size
+LAYOUT_AT = _LAYOUT_AT  # where the layout generation is (a store's view bumps it too)
 _EMPTY = (0, 1, 0, 0, 0, 0, 0)  # a counter of 0 and no valid tail state
 _U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 STATE_BYTES = _STATE.size  # the commit lock file's shared bytes
@@ -78,6 +79,9 @@ class PartitionLock:
             self.handle = fileio.open_shared(self.path, _STATE.size, writable=True)
         elif fileio.exists(self.path):
             self.handle = fileio.open_shared(self.path, _STATE.size, writable=False)
+        # The file this handle has open: a deleted stream's folder is renamed away, and
+        # a stream created again under its name has another lock file (`gone`).
+        self.identity = fileio.identity(self.path) if self.handle is not None else None
         self.seen: int | None = None  # the counter as this process last left it
         self.held = False
 
@@ -135,6 +139,17 @@ class PartitionLock:
             return _U64.unpack_from(mapping, 0)[0] != self.seen
         except ValueError:  # closed by another thread meanwhile
             return False
+
+    def gone(self) -> bool:
+        """Is this lock's file no longer the one at its path (its stream was deleted,
+        and perhaps created again)? One stat. The handle keeps the old file open, so
+        its identity cannot be reused meanwhile. False when no file was open."""
+        if self.identity is None:
+            return False
+        try:
+            return self.fileio.identity(self.path) != self.identity
+        except FileNotFoundError:
+            return True
 
     def release(self) -> None:
         if self.held and self.handle is not None:

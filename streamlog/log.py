@@ -9,10 +9,12 @@ one door, `submit` (sync, async, or with a waiter); it creates readers, and wait
 partition's end (waits.py). Every public method checks its arguments and raises
 `InvalidArgument` (also a ValueError) with a sentence naming what was wrong. The
 transaction operations are in log_txn.py, maintenance and holds in log_admin.py, a
-view's refresh and the waits at a partition's end in log_follow.py.
+view's refresh and the waits at a partition's end in log_follow.py, opening,
+deleting and resizing streams in log_admin.py.
 
 Thread-safety: appends and readers may be used from many threads and event loops at
-once; create_stream, truncate_after, apply_retention and close are serialised by a lock.
+once; create_stream, delete_stream, add_partitions, truncate_after, apply_retention
+and close are serialised by a lock.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self._settled = False
         self._rules = AppendRules(config, clock)  # what an append may hold (append.py)
         self._streams: dict[str, list[Partition]] = {}
+        self._gone: set[str] = set()  # streams a partition found deleted (log_admin.py)
+        # {(stream, partition): {txn_id: COMMIT value}}: commits decided before a crash,
+        # completed as the partitions open (txn_decisions.py)
+        self._decided: dict[tuple[str, int], dict[int, bytes]] = {}
         # A view's partitions that were opened again while readers still held them
         # (closed once none does: _reopened).
         self._retired: list[Partition] = []
@@ -90,8 +96,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         self._probe_unsealed = functools.cache(
             lambda: not readonly or not directory.writer_alive(path_))
         try:
-            for name in self._stream_names():
-                self._open_stream(name, progress)
+            self._open_streams(progress)  # (log_txn.py: decided commits first)
             if remote is not None and not readonly and taken is None:
                 taken = self._catch_up_with_store(remote, progress)
         except BaseException:
@@ -184,6 +189,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             self._writer = directory.ProcessWriter(self.fileio, self.path, self)
             self._registry = self._writer.registry
             directory.write_marker(self.fileio, self.path)
+            directory.remove_leftovers(self.fileio, self.path)  # of deleted streams
 
     def _release_lock(self) -> None:
         if self._writer is not None:
@@ -193,13 +199,6 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
     def _stream_names(self) -> list[str]:
         return directory.stream_names(self.fileio, self.path)
 
-    def _open_stream(self, name: str, progress) -> None:
-        count = directory.partition_count(self.fileio, self.path, name)
-        partitions = []
-        self._streams[name] = partitions
-        for number in range(count):
-            partitions.append(self._open_partition(name, number, progress))
-
     def _open_partition(self, name: str, number: int, progress=None) -> Partition:
         alone = self._registry is not None and self._registry.alone and not self._settled
         part = Partition(
@@ -207,7 +206,8 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             self.config, self.fileio, readonly=self.readonly, alone=alone,
             probe_unsealed=self._probe_unsealed, clock=self.clock,
             index_storage=self.index_storage, progress=(lambda scanned, n=f"{name}/{number}": progress(n, scanned))
-            if progress else None)
+            if progress else None, on_deleted=functools.partial(self._gone.add, name),
+            decided=self._decided.get((name, number)))
         if self.tiering is not None:  # a stream created since the open
             part.ack_gate = self.tiering.gate
         return part
@@ -239,17 +239,6 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
                                       f"not {partitions}")
             return existing
 
-    def _find_stream(self, name: str) -> bool:
-        """Is `name` a stream, perhaps one another process created since this one
-        opened the log? Opens it when it is new here."""
-        with self._lock:
-            if name in self._streams:
-                return True
-            if not directory.stream_exists(self.fileio, self.path, name):
-                return False
-            self._open_stream(name, None)
-            return True
-
     def streams(self) -> list[str]:
         return sorted(self._streams)
 
@@ -270,11 +259,15 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         modules and their tests use it); what sits above the core uses the public
         operations, which say what it needs."""
         partitions = self._partitions(stream)
+        if isinstance(partition, int) and partition >= len(partitions):
+            partitions = self._grown(stream)  # (another process may have added some)
         return partitions[check_partition(stream, partition, len(partitions))]
 
     def _check_open(self) -> None:
         if self.closed:
             raise LogClosed(f"the log at {self.path} is closed")
+        if self._gone:  # a partition found its stream deleted: forget it (log_admin.py)
+            self._forget_gone()
 
     # -- appends --------------------------------------------------------------------
 
@@ -313,13 +306,13 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
 
     def append_stamped_sync(self, stream: str, partition: int, producer: ProducerStamp, *,
                             data=None, values=None, keys=None, timestamps_us=None,
-                            headers=None) -> AppendResult:
+                            headers=None, txn_id: int = 0) -> AppendResult:
         """Append one Kafka producer's batch as one frame that carries its stamp
         (frame.py: producer id, epoch, base sequence), from which the Kafka listener
         rebuilds its producers' state (kafka/producer_state.py). The records come as
         append_columns' `data` or as append_batch's `values` (with `keys`,
-        `timestamps_us`, `headers`), not both. Local only (api.LOCAL_ONLY): the
-        Kafka listener runs beside the log.
+        `timestamps_us`, `headers`), not both, under the open transaction `txn_id`
+        (0: none). Local only (api.LOCAL_ONLY): the Kafka listener runs beside the log.
 
         Returns:
             AppendResult once durable, as append_batch.
@@ -330,7 +323,8 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         """
         return self.submit(self._rules.stamped(
             stream, len(self._writable(stream)), partition, producer, data=data,
-            values=values, keys=keys, timestamps_us=timestamps_us, headers=headers))
+            values=values, keys=keys, timestamps_us=timestamps_us, headers=headers,
+            txn_id=txn_id))
 
     async def append_prepared(self, stream: str, partition: int, piece) -> AppendResult:
         """Append records already in the form a partition's writer takes, as one frame:

@@ -12,7 +12,7 @@ Kafka listener's fetch) sleeps on the live tail and polls as a following Reader 
 from __future__ import annotations
 
 from . import waits
-from .errors import LogClosed
+from .errors import LogClosed, UnknownStream
 
 
 class FollowOperations:
@@ -22,29 +22,42 @@ class FollowOperations:
         removed since the open or the last refresh. A partition that was truncated
         meanwhile is reopened (a follower goes on in the new one, or gets
         OffsetOutOfRange when records it delivered were cut; other readers finish
-        what they started). Far cheaper than reopening the log. A following reader
-        does this for its own partition without being asked (Reader.wait). A
-        writable log takes in what writers in other processes appended (its own
-        appends are always current)."""
+        what they started). Streams deleted meanwhile are forgotten (their readers get
+        UnknownStream at their end), partitions added are opened. Far cheaper than
+        reopening the log. A following reader does this for its own partition
+        without being asked (Reader.wait). A writable log takes in what writers in
+        other processes appended, created, deleted and added (its own changes are
+        always current)."""
         if not self.readonly:
             self._check_open()
-            for name in self._stream_names():
-                self._find_stream(name)
             for partitions in list(self._streams.values()):
                 for part in partitions:
-                    part.poll()
+                    part.poll()  # (finds a stream another process deleted: catchup.py)
+            with self._lock:
+                self._check_open()  # (forgets those)
+                self._retired = [part for part in self._retired if not part.close_if_idle()]
+                self._take_in_streams()
             return
         with self._lock:
             self._check_open()
             if self.remote_view is not None:
                 self.remote_view.poll()  # a log read from a store: its newest generation
-            for name in self._stream_names():
-                if name not in self._streams:
-                    self._open_stream(name, None)
+            names = set(self._stream_names())
+            for name in [name for name, partitions in self._streams.items()
+                         if name not in names or partitions[0].lock.gone()]:
+                self._retire_stream(name)  # deleted (perhaps created again since)
+            self._take_in_streams()
             for name, partitions in self._streams.items():
                 for number, part in enumerate(partitions):
                     if not part.refresh():
                         self._reopened(name, number, part)
+
+    def _take_in_streams(self) -> None:
+        """Open the streams, and the partitions of known streams, that other processes
+        created since this Log looked (create_stream, add_partitions)."""
+        for name in self._stream_names():
+            if self._find_stream(name):
+                self._grown(name)
 
     def _reopened(self, stream: str, number: int, stale):
         """A view's partition `number` of `stream` as it is now: opened again when the
@@ -53,7 +66,11 @@ class FollowOperations:
         following Reader asks); LogClosed once the log is closed."""
         with self._lock:
             self._check_open()
-            partitions = self._streams[stream]
+            partitions = self._streams.get(stream)
+            if partitions is None or (partitions[number] is stale and stale.lock.gone()):
+                if partitions is not None:
+                    self._retire_stream(stream)  # (its readers are told at their end)
+                raise UnknownStream(f"stream {stream!r} was deleted")
             if partitions[number] is stale:
                 partitions[number] = self._open_partition(stream, number)
                 stale.retire()

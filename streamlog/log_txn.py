@@ -9,7 +9,7 @@ View of the partition's current state.
 
 from __future__ import annotations
 
-from . import txn as txn_module
+from . import txn as txn_module, txn_decisions
 from .errors import InvalidArgument
 from .records import RecordKind
 from .validate import as_bytes
@@ -31,6 +31,48 @@ class TxnOperations:
         return self._txn_partition(stream, partition, txn_id).end_txn(
             txn_id, RecordKind.COMMIT,
             txn_module.encode_commit(tag, as_bytes(marker, "marker", 0)))
+
+    def commit_txns(self, parts, *, tag: str = "", marker: bytes = b"") -> list:
+        """Commit open transactions of several partitions as one: all of them or none,
+        whatever the moment of a crash (txn_decisions.py: a decision in the internal
+        stream `__transaction_state` first, completed by the next writable open).
+        Local only (api.LOCAL_ONLY): the Kafka listener's transactions, beside the log;
+        the daemon's wire protocol does not carry it yet.
+
+        Args:
+            parts: [(stream, partition, txn_id)], each partition once.
+            tag, marker: as commit_txn, for every commit marker.
+        Returns:
+            Each part's COMMIT marker offset once durable (None for one already
+            committed: a retry).
+        Raises:
+            InvalidArgument for a transaction with no data or aborted in its partition
+            (nothing is committed), and as commit_txn.
+        """
+        if not isinstance(tag, str) or len(tag.encode()) >= 1 << 16 or tag.startswith(
+                txn_module.PRODUCER_TAG_PREFIX):
+            raise InvalidArgument("tag must be a str shorter than 64 KiB, not a "
+                                  "producer's fence")
+        return txn_decisions.commit(self, list(parts), tag, as_bytes(marker, "marker", 0))
+
+    def _open_streams(self, progress) -> None:
+        """Open every stream of the directory: `__transaction_state` first, so that the
+        partitions of a commit decided before a crash are told to complete it as they
+        open (their orphans are committed, not aborted), and the decisions are then
+        recorded complete."""
+        names = self._stream_names()
+        decisions = {}
+        if txn_decisions.DECISIONS_STREAM in names:
+            self._open_stream(txn_decisions.DECISIONS_STREAM, progress)
+            alone = self._registry is not None and self._registry.alone
+            if not self.readonly and alone:
+                decisions = txn_decisions.pending(self)
+                self._decided = txn_decisions.by_partition(decisions)
+        for name in names:
+            if name not in self._streams:
+                self._open_stream(name, progress)
+        self._decided = {}
+        txn_decisions.complete(self, decisions)
 
     def abort_txn(self, stream: str, partition: int, txn_id: int) -> int:
         """Append the ABORT marker of an open transaction: its data is never visible."""

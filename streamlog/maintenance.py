@@ -16,15 +16,23 @@ checks in check.py).
 
 Retention deletes whole segments from the oldest on, while the log is over its size
 bound or a segment's records are all older than the age bound, never the active
-segment and never one holding an offset a reader holds.
+segment and never one holding an offset a reader holds; and every whole segment below
+the partition's start (delete_records moves the start, then removes them here).
 
 What retention removes cannot be read again, yet a seek by time still needs its running
 max (DESIGN 5: the high-water mark of a record counts every record before it). So before
 a segment goes, retention makes the running max at the next segment's base durable in
-`start.hwm` beside the segments: JSON {"marks": [[start offset, running max], ...]}, the
-last two starts, so a crash between the file and the delete leaves the mark of the start
-the partition still has. It is not in the index: the index is a cache, rebuilt from
-segments that no longer hold those records.
+`start.hwm` beside the segments: JSON {"marks": [[start offset, running max], ...]}
+(NO_HWM: no data record before it), the last two starts. It is not in the index: the
+index is a cache, rebuilt from segments that no longer hold those records.
+
+A mark is also a durable start: the partition starts at its latest mark when that is
+past its first segment's base (opening.load_start). So `delete_records` (Kafka's
+DeleteRecords) moves the start, inside a segment too, by writing the mark of the new
+start (`write_start`) before any segment goes; a crash after it leaves the start moved
+and the segments below it, which the next writable open deletes
+(opening.drop_below_start). A crash between a retention's mark and its delete leaves
+the start at the mark likewise: those records were being removed.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from . import fileio as fileio_module
 from . import recovery as recovery_module
 from .frame import encode_frame
 from .index import NO_HWM, Index, IndexEntry
-from .payload import Columns, advance_hwm, columns_to_records, encode_payload, frame_time_us
+from .payload import (Columns, advance_hwm, columns_to_records, encode_payload, frame_time_us,
+                      running_max)
 from .segments import Segments
 from .walk import walk
 
@@ -205,8 +214,42 @@ def read_start_marks(fileio, directory: str) -> dict[int, int]:
     return {start: hwm for start, hwm in marks}
 
 
+def latest_start(marks: dict[int, int]) -> tuple[int, int | None] | None:
+    """(start offset, running max before it: None for no data record) of the latest
+    start mark, or None when there is none."""
+    if not marks:
+        return None
+    start = max(marks)
+    return start, None if marks[start] == NO_HWM else marks[start]
+
+
+def write_start(fileio, directory: str, start: int, hwm_us: int | None) -> None:
+    """Make `start` the partition's start, durably (a start mark: see the module
+    docstring); `hwm_us` is the running max of every record before it."""
+    try:
+        marks = read_start_marks(fileio, directory)
+    except ValueError:
+        marks = {}  # (the new mark replaces a damaged file)
+    _write_start_mark(fileio, directory, marks, start, hwm_us)
+
+
+def hwm_before(view, offset: int) -> int | None:
+    """The running max timestamp of every record before `offset` (start < offset <=
+    end) as `view` (view.View) reads the partition: of the batch holding it, the
+    running max before the batch and of its records before `offset`."""
+    if offset >= view.end_offset:
+        return view.snapshot.hwm_us
+    entry, columns = view.batch_holding(offset)
+    before = view.hwm_before(entry)
+    if offset == entry.base_offset:
+        return before
+    found = int(running_max(columns, before)[offset - entry.base_offset - 1])
+    return None if found == NO_HWM else found
+
+
 def _write_start_mark(fileio, directory: str, marks: dict[int, int], start: int,
-                      hwm_us: int) -> dict[int, int]:
+                      hwm_us: int | None) -> dict[int, int]:
+    hwm_us = NO_HWM if hwm_us is None else hwm_us
     marks = dict(sorted({**marks, start: hwm_us}.items())[-START_MARKS_KEPT:])
     fileio_module.write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
                                     json.dumps({"marks": [[s, h] for s, h in
@@ -237,11 +280,13 @@ def _hwm_after(segment, index: Index, hwm_us: int | None, end_offset: int,
 
 def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
                     retention_age_s: float | None, retention_bytes: int | None,
-                    hold: int | None, now_us: int, start_hwm_us: int | None = None,
+                    hold: int | None, now_us: int, start: int = 0,
+                    start_hwm_us: int | None = None,
                     chunk_bytes: int = 1 << 20) -> Retained:
-    """Delete segments from the oldest on while over a bound (see the module docstring).
-    `hold`: the lowest offset a reader holds (None: no reader). `start_hwm_us`: the
-    running max of what earlier retention removed."""
+    """Delete segments from the oldest on while over a bound, or below `start` (the
+    partition's start: see the module docstring). `hold`: the lowest offset a reader
+    holds (None: no reader). `start_hwm_us`: the running max of the records before
+    `start`."""
     result = Retained(segments, [], None)
     marks: dict[int, int] | None = None
     running = start_hwm_us
@@ -250,24 +295,27 @@ def apply_retention(fileio, directory: str, segments: Segments, index: Index, *,
         oldest, following = result.segments[0], result.segments[1]
         if hold is not None and following.base_offset > hold:
             break
+        below = following.base_offset <= start
         last = index.lookup_offset(following.base_offset - 1)
         if last is not None and last.next_offset != following.base_offset:
             last = None  # the index does not cover it; judge by size only
         too_old = (retention_age_s is not None and last is not None and
                    last.hwm_after_us < now_us - retention_age_s * 1e6)
         too_big = retention_bytes is not None and total > retention_bytes
-        if not (too_old or too_big):
+        if not (below or too_old or too_big):
             break
-        running = _hwm_after(oldest, index, running, following.base_offset, chunk_bytes)
-        if running is not None:  # made durable before the records go
-            if marks is None:
-                try:
-                    marks = read_start_marks(fileio, directory)
-                except ValueError:
-                    marks = {}
-            marks = _write_start_mark(fileio, directory, marks, following.base_offset,
-                                      running)
-            result.start_hwm_us = running
+        if not below:  # (below the start: the start's mark says it all)
+            running = _hwm_after(oldest, index, running, following.base_offset,
+                                 chunk_bytes)
+            if running is not None:  # made durable before the records go
+                if marks is None:
+                    try:
+                        marks = read_start_marks(fileio, directory)
+                    except ValueError:
+                        marks = {}
+                marks = _write_start_mark(fileio, directory, marks,
+                                          following.base_offset, running)
+                result.start_hwm_us = running
         doomed = oldest.path + ".deleted"
         oldest.unseal()
         fileio.rename(oldest.path, doomed)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import maintenance
+from . import holds, maintenance
 from .errors import CorruptIndex
 from .index import Index
 from .index_storage import wipe_index
@@ -30,7 +30,8 @@ log = logging.getLogger("streamlog.partition")
 
 def load(part, progress=None) -> None:
     """Take the partition in from its files: finish (or, read-only, show as finished)
-    an interrupted truncate, open the segments, recover."""
+    an interrupted truncate, open the segments, recover; a writer then deletes what a
+    crash left below the start."""
     if not part.readonly:
         clean_leftovers(part)
     try:  # the index was opened before the lock: a writer may have added to it since
@@ -38,15 +39,21 @@ def load(part, progress=None) -> None:
     except CorruptIndex:
         pass  # recovery finds out, and rebuilds it
     segments = open_segments(part)
-    part.publish(segments=segments, start_offset=segments.start_offset)
-    load_start_hwm(part)
+    part.publish(segments=segments)
+    load_start(part)
     if not part.readonly:
         finish_intent(part)
     else:
         view_intent(part)
     if part.state.segments:
         run_recovery(part, progress)
+    if part.state.start_offset > part.state.end_offset:  # a mark past what is there
+        log.warning("%s: its start mark %d is past its end %d (a repair cut it): it "
+                    "starts at its end", part.name, part.state.start_offset,
+                    part.state.end_offset)
+        part.publish(start_offset=part.state.end_offset)
     if not part.readonly:
+        drop_below_start(part)  # (after recovery: the index has their transactions)
         forget_removed(part)
 
 
@@ -55,7 +62,7 @@ def forget_removed(part) -> None:
     delete reached the disk and before the index heard of it) are dropped; the running
     max of what was removed is in the start marks (maintenance.py), made durable before
     the delete."""
-    start = part.state.start_offset
+    start = part.state.segments.start_offset
     try:
         first = part.index.first_entry()
         if first is None or first.base_offset >= start:
@@ -65,21 +72,46 @@ def forget_removed(part) -> None:
         pass  # recovery has judged the index; reads check every entry they use
 
 
-def load_start_hwm(part) -> None:
-    """The running max of the records retention removed: the start mark of the
-    partition's start (None when nothing was removed). A log retention trimmed before
-    start marks existed has it only in its index."""
-    start = part.state.start_offset
-    if start == 0:
-        part.publish(start_hwm_us=None)
+def drop_below_start(part) -> None:
+    """A writer: delete the whole segments below the start, which a crash left after
+    the start mark that retention or delete_records writes before deleting them
+    (maintenance.py); a durable hold keeps what it holds."""
+    state = part.state
+    if len(state.segments) < 2 or state.segments[1].base_offset > state.start_offset:
         return
+    retained = maintenance.apply_retention(
+        part.fileio, part.directory, state.segments, part.index, retention_age_s=None,
+        retention_bytes=None, hold=holds.lowest(part.fileio, part.directory), now_us=0,
+        start=state.start_offset, start_hwm_us=state.start_hwm_us,
+        chunk_bytes=part.config.read_chunk_bytes)
+    part.publish(segments=retained.segments)
+
+
+def load_start(part) -> None:
+    """The partition's start, from its segments and its start marks (maintenance.py):
+    its first segment's base, or its latest mark when that is later (delete_records,
+    or a retention a crash interrupted); and the running max of the records before it
+    (None when there are none). A log retention trimmed before start marks existed
+    has that only in its index."""
+    start = part.state.segments.start_offset
     try:
-        found = maintenance.read_start_marks(part.fileio, part.directory).get(start)
+        marks = maintenance.read_start_marks(part.fileio, part.directory)
     except ValueError as error:
         log.warning("%s: seeks by time before the start's first record may start late",
                     error)
-        found = None
-    if found is None:
+        marks = {}
+    latest = maintenance.latest_start(marks)
+    if latest is not None and latest[0] > start:
+        part.publish(start_offset=latest[0], start_hwm_us=latest[1])
+        return
+    part.publish(start_offset=start)
+    if start == 0:
+        part.publish(start_hwm_us=None)
+        return
+    found = marks.get(start)
+    if found is not None:
+        found = None if found == maintenance.NO_HWM else found
+    else:
         try:
             stored = part.index.get_meta("start_hwm")
         except CorruptIndex:

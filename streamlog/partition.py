@@ -30,7 +30,8 @@ from . import catchup, holds, maintenance, opening, refresh, txn_jobs
 from .appender import Appender, Pending, Waiter, roll_if_due
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
-from .errors import InvalidArgument, LogClosed, OffsetOutOfRange, PartitionFailed, ReadOnlyLog
+from .errors import (InvalidArgument, LogClosed, OffsetOutOfRange, PartitionFailed, ReadOnlyLog,
+                     UnknownStream)
 from .index_storage import LmdbIndexStorage
 from .locks import PartitionLock
 from .recovery import PartitionRecovery
@@ -43,10 +44,13 @@ from .view import View
 class Partition:
     def __init__(self, directory: str, name: str, number: int, config: LogConfig,
                  fileio, *, readonly: bool, progress=None, probe_unsealed=lambda: True,
-                 clock=SYSTEM_CLOCK, alone: bool = True, index_storage=None) -> None:
+                 clock=SYSTEM_CLOCK, alone: bool = True, index_storage=None,
+                 on_deleted=None, decided=None) -> None:
         """`alone`: no other process has the log open for writing (then a transaction
-        left open is a crashed writer's orphan, and is aborted). `index_storage`: where
-        the index lives instead of LMDB files (see index.Index)."""
+        left open is a crashed writer's orphan, and is aborted, or committed when
+        `decided` ({txn_id: COMMIT value}) names it: txn_decisions.py). `index_storage`: where
+        the index lives instead of LMDB files (see index.Index). `on_deleted()`: called
+        when its stream is found deleted (mark_deleted)."""
         self.directory = directory
         self.name = name
         self.number = number
@@ -61,6 +65,8 @@ class Partition:
         # Transactions this process appended data under (their index state is its own).
         self.txns_written_here: set[int] = set()
         self.closed = False
+        self.deleted = False  # its stream was deleted (mark_deleted)
+        self.on_deleted = on_deleted
         self._reader_holds: dict[int, int] = {}
         self._holds_lock = threading.Lock()
         self.exclusive = catchup.Exclusive(self)  # the commit lock (catchup.py)
@@ -103,7 +109,7 @@ class Partition:
         self.ack_gate = None
         self.appender = None if readonly else Appender(self, config)
         if not readonly and alone:
-            txn_jobs.abort_orphans(self)
+            txn_jobs.abort_orphans(self, decided or {})
 
     # -- the state: read by anyone, written here only -------------------------------
 
@@ -169,10 +175,13 @@ class Partition:
 
     def run_job(self, job):
         """Run `job()` on the writer thread between appends; return its result."""
-        writer = self._writer()
+        return self.start_job(job).wait()
+
+    def start_job(self, job) -> Waiter:
+        """Queue `job()` for the writer thread; the Waiter's wait() gives its result."""
         waiter = Waiter()
-        writer.submit(Pending([], waiter, 0, job))
-        return waiter.wait()
+        self._writer().submit(Pending([], waiter, 0, job))
+        return waiter
 
     def end_txn(self, txn_id: int, kind, value: bytes = b"") -> int:
         return txn_jobs.end_txn(self, txn_id, kind, value)
@@ -231,19 +240,65 @@ class Partition:
 
     def _retention_job(self, now_us: int) -> list[str]:
         with self.exclusive:
-            state, config = self._state, self.config
-            retained = maintenance.apply_retention(
-                self.fileio, self.directory, state.segments, self.index,
-                retention_age_s=config.retention_age_s,
-                retention_bytes=config.retention_bytes, hold=self.min_hold(),
-                now_us=now_us, start_hwm_us=state.start_hwm_us,
-                chunk_bytes=config.read_chunk_bytes)
-            changes = dict(segments=retained.segments,
-                           start_offset=retained.segments.start_offset)
-            if retained.start_hwm_us is not None:
-                changes["start_hwm_us"] = retained.start_hwm_us
-            self.publish(**changes)
-            return retained.deleted
+            return self._retain(now_us=now_us, bounds=True)
+
+    def _retain(self, *, now_us: int, bounds: bool) -> list[str]:
+        """Under the commit lock: delete the whole segments below the start, and, with
+        `bounds`, those past the retention bounds (maintenance.apply_retention); take
+        the new start in. Returns the deleted paths."""
+        state, config = self._state, self.config
+        retained = maintenance.apply_retention(
+            self.fileio, self.directory, state.segments, self.index,
+            retention_age_s=config.retention_age_s if bounds else None,
+            retention_bytes=config.retention_bytes if bounds else None,
+            hold=self.min_hold(), now_us=now_us, start=state.start_offset,
+            start_hwm_us=state.start_hwm_us, chunk_bytes=config.read_chunk_bytes)
+        changes = dict(segments=retained.segments,  # (a new layout: see delete_records)
+                       start_offset=max(state.start_offset, retained.segments.start_offset))
+        if retained.start_hwm_us is not None:
+            changes["start_hwm_us"] = retained.start_hwm_us
+        self.publish(**changes)
+        return retained.deleted
+
+    def delete_records(self, offset: int) -> int:
+        """Move the start forward to `offset` (<= the end): the records before it are
+        no longer read, durably, and the whole segments below it that no reader here
+        holds are deleted. A job on the writer thread (maintenance.py: the start mark
+        first, then the files). Returns the new start offset (the old one when
+        `offset` is not past it)."""
+        return self.run_job(lambda: self._delete_records_job(offset))
+
+    def _delete_records_job(self, offset: int) -> int:
+        with self.exclusive:
+            state = self._state
+            if offset > state.end_offset:
+                raise OffsetOutOfRange(f"cannot delete the records of {self.name} before "
+                                       f"offset {offset}: it ends at {state.end_offset}")
+            if offset <= state.start_offset:
+                return state.start_offset
+            state.segments.active.fsync()  # the mark never names records a crash loses
+            hwm_us = maintenance.hwm_before(self.view(), offset)
+            maintenance.write_start(self.fileio, self.directory, offset, hwm_us)
+            self.publish(start_offset=offset, start_hwm_us=hwm_us)
+            self._retain(now_us=self.clock.wall_us(), bounds=False)
+            self.index.sync()
+            return self._state.start_offset
+
+    def mark_deleted(self, *, by_another: bool = False) -> None:
+        """Its stream was deleted: appends are refused with UnknownStream from now on,
+        and a reader that reaches the end gets it (after what was there to read);
+        followers are woken. `by_another`: another process deleted it, found under the
+        commit lock: raises the UnknownStream (nothing more is written)."""
+        stream = self.name.rpartition("/")[0]
+        error = UnknownStream(f"stream {stream!r} was deleted"
+                              + (" by another process" if by_another else ""))
+        self.deleted = True
+        self.publish(failed=error, damage=(self._state.end_offset, error))
+        self.ring.close()
+        if self.on_deleted is not None:
+            self.on_deleted()
+        if by_another:
+            raise error
 
     # -- the readers' side: holds, and taking in what other processes wrote ---------
 
@@ -279,8 +334,8 @@ class Partition:
         before = self._state.end_offset
         try:
             self.run_job(lambda: catchup.poll_job(self))
-        except (LogClosed, ReadOnlyLog, PartitionFailed):
-            return False  # a closed or failed partition takes nothing more in
+        except (LogClosed, ReadOnlyLog, PartitionFailed, UnknownStream):
+            return False  # a closed, failed or deleted partition takes nothing more in
         return self._state.end_offset != before
 
     def refresh(self) -> bool:

@@ -44,7 +44,7 @@ import threading
 import time
 
 from . import validate
-from .append import Submission, partition_for_key
+from .append import Submission, partition_for_key, record_bytes
 from .appender import resolve_on_loops
 from .encoder import Piece
 from .errors import (BufferFull, InvalidAppend, InvalidArgument, LogClosed, ProducerTimeout,
@@ -135,7 +135,8 @@ class Producer:
     def send(self, value, *, key=None, timestamp_us=None, partition=None,
              headers=None) -> RecordFuture:
         """Queue one record; returns its RecordFuture at once (blocking only while the
-        buffer is full). A record that fails its checks gets a handle holding the
+        buffer is full). `value` is bytes, or None for a tombstone (a header value may
+        be None too). A record that fails its checks gets a handle holding the
         InvalidAppend: other records are not affected.
 
         Raises:
@@ -220,7 +221,7 @@ class Producer:
         except InvalidAppend as error:
             return self._reject(error)
         value, key, timestamp_us = values[0], keys[0], timestamps[0]
-        size = len(value) + RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
+        size = record_bytes(value, key) + RECORD_OVERHEAD_BYTES
         if size > self._size_max:
             return self._reject(self._too_large(size))
         number = self._route(key, partition)

@@ -45,17 +45,19 @@ class Record(NamedTuple):
     """One record of a partition (immutable; `_replace` makes a changed copy).
 
     `timestamp_us` is microseconds since the epoch (event time, or append time when the
-    producer gave none). `key` is None when absent. `headers` is a tuple of
-    (name, value) pairs, empty when absent.
+    producer gave none). `key` is None when absent. `value` is None for a tombstone,
+    which is not b"" (DESIGN 1); a record's size counts a None value as 0 bytes.
+    `headers` is a tuple of (name, value) pairs, empty when absent; a header value
+    may be None too.
     """
 
     partition: int
     offset: int
     timestamp_us: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
     kind: RecordKind = RecordKind.DATA
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
     txn_id: int = 0
 
 

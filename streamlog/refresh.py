@@ -5,7 +5,7 @@ retention removed) by refreshing under the commit lock held shared, so no commit
 done while it looks; its followers refresh when the lock's change counter moved
 (`poll`, a memory read when it has not). What appends and retention cannot do (a
 truncate, done or under way, files changed under it, a writer that created the partition
-after the view opened it) makes the view `stale`: the Log opens the partition again and
+after the view opened it, a deleted stream) makes the view `stale`: the Log opens the partition again and
 followers move to the new one. The segments retention removed stay open while a reader
 here may still be reading them. Functions over a read-only partition (partition.py),
 each called holding `part.refresh_lock`: the commit lock is the process's, not a
@@ -14,7 +14,7 @@ thread's (two threads holding it shared would let go of it for each other).
 
 from __future__ import annotations
 
-from . import catchup
+from . import catchup, opening
 from . import recovery as recovery_module
 from .errors import CorruptFrame, CorruptIndex
 from .frame import HEADER_BYTES, INCOMPLETE, decode_header
@@ -57,6 +57,8 @@ def refresh(part) -> bool:
 def _refresh_locked(part) -> bool:
     if part.lock.handle is None and part.fileio.exists(part.lock.path):
         return False  # a writer came since the open: reopen (and take its lock)
+    if part.lock.gone():
+        return False  # its stream was deleted (perhaps created again): the Log looks
     state = part.state
     if not state.segments:
         return False
@@ -64,8 +66,11 @@ def _refresh_locked(part) -> bool:
     segments = catchup.segments_now(part, end_segment, writable=False, removed=part.removed)
     if segments is None or not end_frame_intact(part, segments):
         return False  # not what appends and retention do: reopen
-    part.publish(segments=Segments(segments), start_offset=segments[0].base_offset,
-                 end_segment=segments.index(end_segment))
+    part.publish(segments=Segments(segments), end_segment=segments.index(end_segment))
+    layout = part.lock.layout() if part.lock.handle is not None else None
+    if layout != part.layout or segments[0] is not state.segments[0]:
+        part.layout = layout  # retention or delete_records moved the start: read it
+        opening.load_start(part)
     follow_tail(part)
     close_removed(part)
     return True

@@ -28,12 +28,16 @@ def marker_piece(part, txn_id: int, kind, value: bytes = b"") -> Piece:
                  len(value) + RECORD_OVERHEAD_BYTES, txn_id)
 
 
-def abort_orphans(part) -> None:
-    """Abort transactions that a crashed writer left open (DESIGN 6)."""
+def abort_orphans(part, decided: dict[int, bytes]) -> None:
+    """Abort transactions that a crashed writer left open (DESIGN 6), except those a
+    commit of several partitions had decided (`decided`: {txn_id: the COMMIT record's
+    value}, txn_decisions.py): those are committed."""
     view = part.view()
     for txn_id, first in sorted(view.open_txn_candidates().items()):
         found = view.derive_txn(txn_id, first)
-        if found is not None and found[0] == TxnState.OPEN or (
+        if found is not None and found[0] == TxnState.OPEN and txn_id in decided:
+            part.submit([marker_piece(part, txn_id, RecordKind.COMMIT, decided[txn_id])])
+        elif found is not None and found[0] == TxnState.OPEN or (
                 found is None and first < view.start_offset):
             # (the second: retention removed all its data; only its state is left, and
             # it would hold the last stable offset back for good)

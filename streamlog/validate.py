@@ -15,7 +15,7 @@ from .records import RecordKind
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 BYTES_TYPES = (bytes, bytearray, memoryview)
-KEY_TYPES = {bytes, type(None)}
+NULLABLE_TYPES = {bytes, type(None)}  # of keys, values and header values
 KIND_VALUES = frozenset(int(kind) for kind in RecordKind if kind.appendable)
 
 
@@ -25,6 +25,11 @@ def column(column, n: int, name: str):
     if len(column) != n:
         raise InvalidAppend(f"{name} has {len(column)} items for {n} values")
     return column
+
+
+def as_bytes_or_none(item, what: str, row: int) -> bytes | None:
+    """A value or header value: bytes, or None (a tombstone, DESIGN 1)."""
+    return None if item is None else as_bytes(item, what, row)
 
 
 def as_bytes(item, what: str, row: int) -> bytes:
@@ -56,9 +61,10 @@ def record_headers(headers, row: int):
         for name, value in items:
             if not isinstance(name, str):
                 raise TypeError
-            out.append((name, as_bytes(value, "header value", row)))
+            out.append((name, as_bytes_or_none(value, "header value", row)))
     except (TypeError, ValueError):
-        raise InvalidAppend(f"headers of record {row} must be (str, bytes) pairs") from None
+        raise InvalidAppend(f"headers of record {row} must be (str, bytes or None) "
+                            f"pairs") from None
     if len(out) >= 1 << 16:
         raise InvalidAppend(f"record {row} has {len(out)} headers; at most 65535")
     for name, value in out:
@@ -66,7 +72,7 @@ def record_headers(headers, row: int):
             encoded = name.encode()
         except UnicodeEncodeError:
             raise InvalidAppend(f"header name of record {row} is not valid UTF-8") from None
-        if len(encoded) >= 1 << 16 or len(value) >= 1 << 32:
+        if len(encoded) >= 1 << 16 or len_or_zero(value) >= 1 << 32:
             raise InvalidAppend(f"header {name[:40]!r} of record {row} is too long "
                                 f"(names < 64 KiB, values < 4 GiB)")
     return tuple(out)
@@ -84,21 +90,22 @@ def len_or_zero(item) -> int:
 
 def records(values, keys, timestamps_us, headers, kinds):
     """Check and normalise one append's columns; returns (values, keys, timestamps,
-    headers, kinds) with timestamps None when the caller gave none. Fast paths keep this
-    off the profile: set(map(type, ...)) checks a column at C speed, and the per-item
-    loops (which name the bad record) run only when that fails."""
+    headers, kinds) with timestamps None when the caller gave none. A value may be None
+    (a tombstone) in a data record. Fast paths keep this off the profile:
+    set(map(type, ...)) checks a column at C speed, and the per-item loops (which name
+    the bad record) run only when that fails."""
     if isinstance(values, (*BYTES_TYPES, str)) or not hasattr(values, "__len__"):
         raise InvalidAppend("values must be a list of bytes (one item per record)")
     n = len(values)
     if n == 0:
         raise InvalidAppend("nothing to append: values is empty")
-    if set(map(type, values)) != {bytes}:
-        values = [as_bytes(v, "value", i) for i, v in enumerate(values)]
+    if not set(map(type, values)) <= NULLABLE_TYPES:
+        values = [as_bytes_or_none(v, "value", i) for i, v in enumerate(values)]
     if keys is None:
         keys = [None] * n
     else:
         keys = column(keys, n, "keys")
-        if not set(map(type, keys)) <= KEY_TYPES:
+        if not set(map(type, keys)) <= NULLABLE_TYPES:
             keys = [None if k is None else as_bytes(k, "key", i) for i, k in enumerate(keys)]
     timestamps = None
     if timestamps_us is not None:
@@ -110,6 +117,7 @@ def records(values, keys, timestamps_us, headers, kinds):
         headers = [record_headers(h, i) for i, h in enumerate(column(headers, n, "headers"))]
     if kinds is not None:
         kinds = record_kinds(column(kinds, n, "kinds"))
+        no_null_markers(values, kinds)
     return values, keys, timestamps, headers, kinds
 
 
@@ -125,6 +133,17 @@ def record_kinds(kinds) -> list[int]:
             raise InvalidAppend(f"records of kind {kind.name} are written by init_producer "
                                 f"and begin_txn only")
     return list(map(int, out))
+
+
+def no_null_markers(values, kinds) -> None:
+    """InvalidAppend naming the first control record whose value is None: a marker, a
+    footprint or a checkpoint note is read for its value; only data may be a tombstone."""
+    if None not in values:
+        return
+    for row, (value, kind) in enumerate(zip(values, kinds)):
+        if value is None and kind != RecordKind.DATA:
+            raise InvalidAppend(f"value of record {row} is None in a {RecordKind(kind).name} "
+                                f"record; only data records may have a None value")
 
 
 def stream_name(name) -> str:

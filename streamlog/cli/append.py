@@ -31,13 +31,15 @@ APPEND_THREADS_MAX = 8
 
 _APPEND_EPILOG = """\
 Each input line is one JSON object:
-  value | value_b64    the value, as UTF-8 text or base64 bytes (one of them is required)
+  value | value_b64    the value, as UTF-8 text or base64 bytes (one of them is required;
+                       "value": null is a tombstone, a record whose value is None)
   key | key_b64        optional key (null or absent: no key)
   headers | headers_b64
                        optional headers, one JSON object {"name": "value"}: with
                        `headers` the values are UTF-8 text, with `headers_b64` every
                        value is base64 (the rule `read` follows: headers_b64 as soon as
-                       one value is not valid UTF-8); a name given twice is kept twice
+                       one value is not valid UTF-8); a null value is None; a name given
+                       twice is kept twice
   timestamp            optional: integer microseconds since the epoch, or ISO-8601
                        (UTC when no zone is given); absent: the time of the append
   partition            optional partition number; otherwise a key picks one by a stable
@@ -157,7 +159,7 @@ class _Chunk:
         if headers is not None:
             headers.append(record_headers)
         self.lines += 1
-        self.nbytes += len(value) + (len(key) if key is not None else 0)
+        self.nbytes += _record_bytes(value, key)
 
 
 class _Batcher:
@@ -275,10 +277,10 @@ def parse_append_record(line: bytes, partition_count: int, record_bytes_max: int
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}")
     value = _bytes_field(item, "value")
-    if value is None:
-        raise ValueError("no value (give value or value_b64)")
+    if value is None and not ("value" in item or "value_b64" in item):
+        raise ValueError("no value (give value or value_b64; null for a tombstone)")
     key = _bytes_field(item, "key")
-    size = len(value) + (len(key) if key is not None else 0)
+    size = _record_bytes(value, key)
     if size > record_bytes_max:
         raise ValueError(f"record is {size} bytes; the limit is {record_bytes_max}")
     timestamp = item.get("timestamp")
@@ -295,6 +297,11 @@ def parse_append_record(line: bytes, partition_count: int, record_bytes_max: int
             partition, int) or not 0 <= partition < partition_count):
         raise ValueError(f"partition {partition!r} is not in 0..{partition_count - 1}")
     return value, key, timestamp_us, partition, parse_headers(item)
+
+
+def _record_bytes(value: bytes | None, key: bytes | None) -> int:
+    """A record's key and value bytes, as the log counts them (None: 0)."""
+    return (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
 
 
 def _bytes_field(item: dict, name: str) -> bytes | None:

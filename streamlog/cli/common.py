@@ -94,7 +94,8 @@ def format_timestamp(timestamp_us: int | None) -> str | None:
 
 
 def put_bytes(out: dict, name: str, data: bytes | None) -> None:
-    """out[name] = text when `data` is valid UTF-8, else out[name_b64] = base64."""
+    """out[name] = text when `data` is valid UTF-8, else out[name_b64] = base64;
+    out[name] = null when `data` is None (no key, a tombstone's value)."""
     if data is None:
         out[name] = None
         return
@@ -105,17 +106,30 @@ def put_bytes(out: dict, name: str, data: bytes | None) -> None:
 
 
 def put_headers(out: dict, headers) -> None:
-    """A record's headers ((name, bytes) pairs) as the `_b64` rule of values has it, for
-    the whole object: out["headers"] = {name: text} when every value is valid UTF-8,
-    else out["headers_b64"] = {name: base64} with every value in base64. Nothing when
-    there are none. A name that occurs twice is kept twice (see _Pairs)."""
+    """A record's headers ((name, bytes or None) pairs) as the `_b64` rule of values has
+    it, for the whole object: out["headers"] = {name: text} when every value is valid
+    UTF-8, else out["headers_b64"] = {name: base64} with every value in base64; a None
+    value is null in either. Nothing when there are none. A name that occurs twice is
+    kept twice (see _Pairs)."""
     if not headers:
         return
     try:
-        out["headers"] = _Pairs((name, value.decode("utf-8")) for name, value in headers)
+        out["headers"] = _Pairs((name, _or_null(value, _utf8)) for name, value in headers)
     except UnicodeDecodeError:
-        out["headers_b64"] = _Pairs((name, base64.b64encode(value).decode("ascii"))
+        out["headers_b64"] = _Pairs((name, _or_null(value, _base64))
                                     for name, value in headers)
+
+
+def _or_null(value: bytes | None, convert):
+    return None if value is None else convert(value)
+
+
+def _utf8(value: bytes) -> str:
+    return value.decode("utf-8")
+
+
+def _base64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
 
 
 class _Pairs(dict):
@@ -139,11 +153,11 @@ class ObjectPairs(dict):
         self.pairs = pairs
 
 
-def parse_headers(item: dict) -> list[tuple[str, bytes]] | None:
+def parse_headers(item: dict) -> list[tuple[str, bytes | None]] | None:
     """The headers of an input line: `headers` {name: text} or `headers_b64`
-    {name: base64} (the forms `read` writes), as (name, bytes) pairs; None when absent
-    or null. A name given twice is kept twice when the line was parsed with
-    object_pairs_hook=ObjectPairs. Raises ValueError with a sentence."""
+    {name: base64} (the forms `read` writes), as (name, bytes) pairs, a null value as
+    None; None when absent or null. A name given twice is kept twice when the line was
+    parsed with object_pairs_hook=ObjectPairs. Raises ValueError with a sentence."""
     text, encoded = item.get("headers"), item.get("headers_b64")
     if text is not None and encoded is not None:
         raise ValueError("give headers or headers_b64, not both")
@@ -160,6 +174,9 @@ def parse_headers(item: dict) -> list[tuple[str, bytes]] | None:
             raise ValueError(f"header name {key!r} is not valid Unicode") from None
         if too_long:
             raise ValueError(f"header name {key[:40]!r}... is 64 KiB or longer")
+        if value is None:
+            out.append((key, None))
+            continue
         if not isinstance(value, str):
             raise ValueError(f"{name} must be a JSON object of strings "
                              f"(header {key!r} is not)")

@@ -42,11 +42,12 @@ WRITE_CHUNK_LINES = 1024
 _READ_EPILOG = """\
 Writes one JSON line per record:
   {"stream", "partition", "offset", "timestamp", "key", "value"[, "headers"]}
-timestamp is integer microseconds; key is null when absent; key and value are strings
-when they are valid UTF-8, else key_b64 / value_b64 (base64) take their place. A record
-with headers has "headers": {"name": "value", ...} (names in order, a repeated name kept);
-when one of its values is not valid UTF-8, "headers_b64" takes its place with every
-value in base64. (This is what `streamlog append` takes.)
+timestamp is integer microseconds; key is null when absent, value null for a tombstone
+(a None value, not ""); key and value are strings when they are valid UTF-8, else
+key_b64 / value_b64 (base64) take their place. A record with headers has
+"headers": {"name": "value", ...} (names in order, a repeated name kept, a None value
+null); when one of its values is not valid UTF-8, "headers_b64" takes its place with
+every value in base64. (This is what `streamlog append` takes.)
 Without --partition every partition is read, each in offset order, one after another.
 
 T is integer microseconds since the epoch or ISO-8601 (UTC when no zone is given).

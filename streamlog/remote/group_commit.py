@@ -52,6 +52,11 @@ def tail_runs(state, remote: PartitionManifest) -> list[Run]:
         base, position, offset = last.segment_base, last.position + last.size, last.end_offset
     else:
         base, position, offset = remote.sealed_end, 0, remote.sealed_end
+        if not remote.segments:  # from position 0 of the segment holding the store's
+            # start, which may be inside it (delete_records), or the first one
+            holding = [s.base_offset for s in state.segments if s.base_offset <= base]
+            base = offset = holding[-1] if holding else (
+                state.segments[0].base_offset if state.segments else base)
     if end <= offset:
         return []
     segments = list(state.segments)
@@ -143,6 +148,14 @@ class AckGate:
                 held.remove(entry)
         resolve_waiters([item for entry in cut for item in _failed(entry[2], StreamLogError(
             f"{name} was truncated at offset {end} before the store took these records"))])
+
+    def forget(self, stream: str, error: BaseException) -> None:
+        """The stream was deleted: every ack held for its partitions fails with
+        `error`."""
+        with self._lock:
+            names = [name for name in self._held if name.rpartition("/")[0] == stream]
+            held = [entry for name in names for entry in self._held.pop(name)]
+        resolve_waiters([item for entry in held for item in _failed(entry[2], error)])
 
     def fail(self, error: BaseException) -> None:
         """Fail every held ack, and every later one, with `error` (Fenced)."""

@@ -119,8 +119,12 @@ class PartitionManifest:
 
     @property
     def sealed_end(self) -> int:
-        """The end of what the segment objects hold."""
-        return self.segments[-1].end_offset if self.segments else self.start_offset
+        """The end of what the segment objects hold: with none, where the segment of
+        the first tail piece starts (the start itself, but after delete_records,
+        which may move the start inside that segment), else the start."""
+        if self.segments:
+            return self.segments[-1].end_offset
+        return self.tail[0].segment_base if self.tail else self.start_offset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from ..fileio import write_file_atomic
 from ..index import Index
 from ..index_storage import wipe_index
 from ..layout import partition_dir, segment_name
-from ..maintenance import START_MARKS_NAME
+from ..maintenance import START_MARKS_NAME, write_start
 from ..scan import StopReason, scan_buffer
 from ..seal import write_seal
 from .manifest import Manifest
@@ -139,10 +139,8 @@ def restore_partition(store, part, directory: str, *, fileio, index_storage, map
         report.bytes += len(data)
     if not part.tail:
         _new_active_segment(fileio, directory, part.committed_end)
-    if part.start_offset > 0 and part.start_hwm_us is not None:
-        write_file_atomic(fileio, os.path.join(directory, START_MARKS_NAME),
-                          json.dumps({"marks": [[part.start_offset,
-                                                 part.start_hwm_us]]}).encode())
+    if part.start_offset > 0:  # (inside a segment after delete_records)
+        write_start(fileio, directory, part.start_offset, part.start_hwm_us)
     _fill_local_index(store, part.segments, os.path.join(directory, "index"),
                       index_storage, map_bytes)
 

@@ -36,8 +36,8 @@ from typing import NamedTuple
 
 from ..directory import FORMAT, MARKER_NAME, STREAM_META_NAME
 from ..layout import partition_dir, segment_name, stream_dir, streams_dir
-from ..locks import PARTITION_LOCK_NAME, STATE_BYTES
-from ..maintenance import START_MARKS_NAME
+from ..locks import LAYOUT_AT, PARTITION_LOCK_NAME, STATE_BYTES
+from ..maintenance import NO_HWM, START_MARKS_NAME
 from .manifest import Manifest, PartitionManifest, SegmentObject, TailPiece
 from .rangecache import RangeCache
 
@@ -100,9 +100,10 @@ class _Tree:
                 pdir = partition_dir(root, stream, number)
                 self.partitions[pdir] = name
                 self._add(os.path.join(pdir, PARTITION_LOCK_NAME), None)
-                if part.start_offset > 0 and part.start_hwm_us is not None:
+                if part.start_offset > 0:  # (inside a segment after delete_records)
                     self._add(os.path.join(pdir, START_MARKS_NAME), json.dumps(
-                        {"marks": [[part.start_offset, part.start_hwm_us]]}).encode())
+                        {"marks": [[part.start_offset, NO_HWM if part.start_hwm_us is None
+                                    else part.start_hwm_us]]}).encode())
                 previous = None
                 for segment in part.segments:
                     path = os.path.join(pdir, segment_name(segment.base_offset))
@@ -171,6 +172,11 @@ class StoreFileIO:
                 counter = self._counters.get(os.path.join(pdir, PARTITION_LOCK_NAME))
                 if counter is not None and name in changed:
                     _COUNTER.pack_into(counter, 0, _COUNTER.unpack_from(counter, 0)[0] + 1)
+                    before, after = old.partitions.get(name), manifest.partitions.get(name)
+                    if None in (before, after) or before.start_offset != after.start_offset:
+                        # a new layout: the view reads the partition's start again
+                        _COUNTER.pack_into(counter, LAYOUT_AT, _COUNTER.unpack_from(
+                            counter, LAYOUT_AT)[0] + 1)
             return changed
 
     def segment_object(self, path: str) -> SegmentObject | None:
@@ -304,6 +310,9 @@ class StoreFileIO:
         raise _read_only(source)
 
     def unlink(self, path: str) -> None:
+        raise _read_only(path)
+
+    def rmdir(self, path: str) -> None:
         raise _read_only(path)
 
     def fsync_dir(self, path: str) -> None:

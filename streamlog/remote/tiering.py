@@ -39,8 +39,9 @@ import time
 
 from ..clock import SYSTEM_CLOCK
 from ..errors import (Fenced, LogClosed, ObjectNotFound, PartitionFailed, ReadOnlyLog,
-                      StoreError, StoreUnavailable)
+                      StoreError)
 from . import garbage, manifest as manifests
+from .changes import ChangeOperations
 from .group_commit import AckGate, tail_runs
 from .manifest import Manifest, PartitionManifest, TailPiece
 from .segment_object import name_segment, put_segment
@@ -53,9 +54,11 @@ PRUNE_MAX = 1000  # generations deleted per look
 TAIL_PIECES_MAX = 1024  # a partition's tail pieces before its segment is sealed
 
 
-class Tiering:
+class Tiering(ChangeOperations):
     """Uploads the sealed segments of `partitions()` (the log's writable partitions,
-    asked again each round: streams come and go) to `store`."""
+    asked again each round: streams come and go) to `store`. Its changes to what the
+    store holds (retention, delete_records, truncate_after, deleted streams) are in
+    changes.py."""
 
     def __init__(self, store, partitions, *, writer: str, interval_s: float = 1.0,
                  retry_s: float = 5.0, lag_max_s: float | None = None,
@@ -158,9 +161,11 @@ class Tiering:
 
     def keep(self, part) -> None:
         """Hold in `part` what the store does not have yet as whole segments, against
-        local retention (called before each retention, and after each round)."""
+        local retention (called before each retention, and after each round); never
+        what is before the partition's start, which no reader needs."""
         found = self.manifest.partitions.get(part.name)
-        part.hold(self._token, found.sealed_end if found is not None else 0)
+        part.hold(self._token, max(found.sealed_end if found is not None else 0,
+                                   part.state.start_offset))
 
     def backlog_bytes(self, part) -> int:
         """Bytes of the partition the store does not hold yet: under durability
@@ -208,8 +213,7 @@ class Tiering:
         commit the tail too. One generation names all of it. Returns how many segments
         it named. Raises Fenced, StoreError."""
         with self._round_lock:
-            if self.fenced:
-                raise Fenced("a newer writer took this log over in the store")
+            self._check_not_fenced()
             try:
                 return self._round(full, inline)
             except Fenced as error:
@@ -242,10 +246,11 @@ class Tiering:
         payload = b""
         if tail is not None:
             proposed, payload = tail
+        proposed, trimmed = self._trim_all(proposed, parts)  # (changes.py)
         if full:
             proposed = self._sweep(proposed)
             self._prune_manifests()
-        if uploaded or tail is not None or streams != current.streams or (
+        if uploaded or tail is not None or trimmed or streams != current.streams or (
                 proposed.garbage != current.garbage):
             proposed = self._with_garbage(current, dataclasses.replace(
                 proposed, streams=streams, partitions={
@@ -331,91 +336,10 @@ class Tiering:
             first = not part.segments and not part.tail
             partitions[name] = dataclasses.replace(
                 part, tail=(*part.tail, piece),
-                start_offset=run.base_offset if first else part.start_offset,
+                start_offset=max(run.base_offset, part.start_offset) if first
+                else part.start_offset,  # (a start inside the piece's segment stays)
                 committed_end=max(part.committed_end, run.end_offset))
         return dataclasses.replace(proposed, partitions=partitions), b"".join(chunks)
-
-    # -- retention and truncation: new generations, the dropped objects swept later ------
-
-    def retain(self, part) -> None:
-        """After local retention moved the partition's start: the store drops the
-        segment objects before it in a new generation (their objects are deleted after
-        the grace period, so a reader pinned to an older generation finishes)."""
-        with self._round_lock:
-            if self.fenced:
-                raise Fenced("a newer writer took this log over in the store")
-            current = self._rebased()
-            found = current.partitions.get(part.name)
-            start = part.state.start_offset
-            if found is None or start <= found.start_offset:
-                return
-            kept = tuple(s for s in found.segments if s.end_offset > start)
-            updated = dataclasses.replace(
-                found, start_offset=start, start_hwm_us=part.state.start_hwm_us,
-                segments=kept, tail=tuple(p for p in found.tail if p.end_offset > start))
-            self._commit_partition(current, part.name, updated)
-
-    def truncate(self, part, truncate) -> int:
-        """Run `truncate()` (the local truncate_after, returning the new end) with no
-        round under way, then cut the store's copy at the new end in a new generation:
-        segment objects and tail pieces past it leave (the cut segment goes up again
-        once it seals, or as tail pieces under durability "remote"). Acks still held
-        for records past it fail."""
-        with self._round_lock, self._upload_lock:
-            if self.fenced:
-                raise Fenced("a newer writer took this log over in the store")
-            end = truncate()
-            with self._ready_lock:  # segments put but not named that the cut changed
-                self._ready[part.name] = [item for item in self._ready.get(part.name, [])
-                                          if item[0].end_offset <= end]
-            current = self._rebased()
-            found = current.partitions.get(part.name)
-            if self.gate is not None:
-                self.gate.cut(part.name, end)
-            if found is None or found.committed_end <= end:
-                return end
-            segments = tuple(s for s in found.segments if s.end_offset <= end)
-            sealed_end = segments[-1].end_offset if segments else found.start_offset
-            tail = []
-            for piece in found.tail:  # pieces of the segments kept whole, up to the end
-                if piece.end_offset > end or piece.segment_base < sealed_end:
-                    break
-                tail.append(piece)
-            committed = tail[-1].end_offset if tail else sealed_end
-            updated = dataclasses.replace(found, segments=segments, tail=tuple(tail),
-                                          committed_end=committed,
-                                          local_end=min(found.local_end, end))
-            payload = b""
-            if self.gate is not None and committed < end:
-                # durability remote: what the cut kept of a segment the store had whole
-                # goes up as tail pieces in the same generation, so the store never
-                # lacks an acknowledged record below the cut
-                with_tail, payload = self._add_tail(dataclasses.replace(
-                    current, partitions={**current.partitions, part.name: updated}), [part])
-                updated = with_tail.partitions[part.name]
-                updated = dataclasses.replace(updated, local_end=updated.committed_end)
-            self._commit_partition(current, part.name, updated, payload)
-            return end
-
-    def _commit_partition(self, current: Manifest, name: str,
-                          updated: PartitionManifest, payload: bytes = b"") -> None:
-        proposed = self._with_garbage(current, dataclasses.replace(
-            current, partitions={**current.partitions, name: updated}))
-        try:
-            self.manifest = manifests.commit(self.store, proposed.successor(), current,
-                                             payload)
-        except manifests.CommittedBefore as landed:
-            self._adopt(landed.manifest)
-            raise StoreUnavailable(f"{landed}: this change was not made; try it again",
-                                   key=landed.key) from None
-        except Fenced as error:
-            self.fenced = True
-            if self.gate is not None:
-                self.gate.fail(error)
-            raise
-        self.snapshots.due(self.manifest)
-        self.stats["commits"] += 1
-        self.stats["puts"] += 1
 
     # -- snapshots: whole manifests that chains of deltas start from ---------------------
 
@@ -487,7 +411,9 @@ class Tiering:
             remote = manifest.partitions.get(part.name, PartitionManifest())
             held = bool(remote.segments or remote.tail)
             state = part.state
-            for segment in state.segments[:-1]:  # the sealed ones
+            for number, segment in enumerate(state.segments[:-1]):  # the sealed ones
+                if state.segments[number + 1].base_offset <= state.start_offset:
+                    continue  # wholly before the start: no reader needs it
                 with self._ready_lock:
                     ready = self._ready.setdefault(part.name, [])
                     last = ready[-1][0] if ready else None

@@ -40,11 +40,11 @@ Faults scheduled ahead:
                                   OSError(EIO); a pwrite may first write a prefix
 
 The mutating operations, counted in `steps` from 1, are: create (an `open` with
-create=True of a missing file), pwrite, fsync, truncate, rename, unlink, fsync_dir.
-The last few are kept in `trace` as (step, operation, path). Directories made by
-`makedirs` are not modelled: they are taken as durable at once. A rename across
-directories is one change, made durable by an fsync_dir of either directory (a
-journaling file system commits it as one transaction).
+create=True of a missing file), pwrite, fsync, truncate, rename, unlink, rmdir,
+fsync_dir; the last few are kept in `trace` as (step, operation, path). `makedirs` and
+`rmdir` are durable at once (an rmdir with the changes in its directory before it). A
+rename across directories, or of a directory (undone, it moves back whole), is one
+change, made durable by an fsync_dir of either directory (one journal transaction).
 
 Limits: the model holds each file's durable image in memory, which suits the test logs
 of a few megabytes it is meant for. `fsync` does not call the inner fsync unless
@@ -123,6 +123,7 @@ class _EntryChange:
     inode: _Inode | None
     before: _Inode | None
     source: str | None = None
+    tree: bool = False  # the rename of a directory: every name under `source` moved
 
     def directories(self) -> tuple[str, ...]:
         """The directories whose fsync_dir makes the change durable: its own, and for
@@ -197,7 +198,7 @@ class FaultFileIO:
         """Make the `nth` call of `operation` from now raise OSError(EIO). With
         `partial`, a failing pwrite first writes a random prefix of its data."""
         assert operation in ("create", "pwrite", "fsync", "truncate", "rename", "unlink",
-                             "fsync_dir"), operation
+                             "rmdir", "fsync_dir"), operation
         assert nth >= 1
         self._eio[operation][self.counts[operation] + nth] = _Fault(partial)
 
@@ -214,7 +215,10 @@ class FaultFileIO:
         names = dict(self._names)
         kept = 0 if mode is CrashMode.DROP_UNSYNCED else rng.randint(0, len(self._journal))
         for change in reversed(self._journal[kept:]):
-            _undo(names, change)
+            names = _undone(names, change)
+            if change.tree:  # the directory goes back, whole; the names seen now follow it
+                self.inner.rename(change.path, change.source)
+                self._names = _moved(self._names, change.path, change.source)
         images: dict[int, bytes] = {}
         for inode in sorted(set(names.values()), key=lambda i: i.number):
             if mode is CrashMode.DROP_UNSYNCED:
@@ -323,13 +327,19 @@ class FaultFileIO:
             if self._begin("rename", f"{source} -> {target}") is not None:
                 raise _eio("rename", source)
             inode = self._inode_at(source)
+            tree = inode is None and self.inner.exists(source)  # a directory
+            if tree:
+                self._adopt_tree(source)
             before = self._inode_at(target)
             self.inner.rename(source, target)
-            assert inode is not None
-            del self._names[os.path.abspath(source)]
-            self._names[os.path.abspath(target)] = inode
+            if tree:  # every name under it moves
+                self._names = _moved(self._names, *map(os.path.abspath, (source, target)))
+            else:
+                assert inode is not None
+                del self._names[os.path.abspath(source)]
+                self._names[os.path.abspath(target)] = inode
             self._journal.append(_EntryChange(_directory(target), os.path.abspath(target),
-                                              inode, before, os.path.abspath(source)))
+                                              inode, before, os.path.abspath(source), tree))
             self._maybe_crash()
 
     def unlink(self, path: str) -> None:
@@ -342,6 +352,17 @@ class FaultFileIO:
             del self._names[os.path.abspath(path)]
             self._journal.append(_EntryChange(_directory(path), os.path.abspath(path),
                                               None, before))
+            self._maybe_crash()
+
+    def rmdir(self, path: str) -> None:
+        """Durable at once, with the changes in it before (see the module docstring)."""
+        with self._lock:
+            if self._begin("rmdir", path) is not None:
+                raise _eio("rmdir", path)
+            self.inner.rmdir(path)
+            directory = os.path.abspath(path)
+            self._journal = [c for c in self._journal if directory not in (
+                *c.directories(), c.path)]
             self._maybe_crash()
 
     def fsync_dir(self, path: str) -> None:
@@ -449,6 +470,15 @@ class FaultFileIO:
                 return None  # no file there (nothing, or a directory)
         return inode
 
+    def _adopt_tree(self, directory: str) -> None:
+        """Adopt every file under `directory` (a crash may have to put them back)."""
+        pending = [directory]
+        while pending:  # (a name that is no file is a directory: listed in turn)
+            directory = pending.pop()
+            pending += [path for path in (os.path.join(directory, name) for name in
+                                          self.inner.listdir(directory))
+                        if self._inode_at(path) is None]
+
     def _adopt(self, path: str) -> _Inode:
         """A file that existed before this FileIO saw it: taken as durable."""
         inode = self._new_inode(read_file(self.inner, path))
@@ -522,13 +552,23 @@ def _torn_image(inode: _Inode, rng: random.Random, *, garbage: bool) -> bytes:
     return bytes(image)
 
 
-def _undo(names: dict[str, _Inode], change: _EntryChange) -> None:
+def _moved(names: dict[str, _Inode], source: str, target: str) -> dict[str, _Inode]:
+    """`names` with every name under the directory `source` under `target` instead."""
+    return {(target + path[len(source):] if path.startswith(source + os.sep) else path):
+            inode for path, inode in names.items()}
+
+
+def _undone(names: dict[str, _Inode], change: _EntryChange) -> dict[str, _Inode]:
+    """`names` (changed in place, but for a directory's rename) before `change`."""
+    if change.tree:
+        return _moved(names, change.path, change.source)
     if change.before is None:
         names.pop(change.path, None)
     else:
         names[change.path] = change.before
     if change.source is not None:
         names[change.source] = change.inode
+    return names
 
 
 def _rewrite(fileio: FileIO, path: str, current: _Inode | None, target: _Inode | None,

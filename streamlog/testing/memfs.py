@@ -14,7 +14,8 @@ What the OS would do, it does:
     NotADirectoryError (a directory operation on a file, or a file as a parent),
     OSError(EBADF) for a handle that is not open or a write through a read-only one,
     OSError(EINVAL) for a negative position or size or a truncate through a read-only
-    handle, OSError(ENOTEMPTY) for a rename over a directory that is not empty;
+    handle, OSError(ENOTEMPTY) for a rename over (or an rmdir of) a directory that is not
+    empty;
   * flocks (`lock` / `unlock`) belong to a handle: two handles on one file conflict even
     in one thread, as two processes would. Shared or exclusive; taking the other mode
     first lets go of the one held (Linux: a conversion is not atomic, and a refused
@@ -226,6 +227,15 @@ class MemoryFileIO:
                 raise _error(errno.EISDIR, path)
             if self._files.pop(path, None) is None:
                 raise _error(errno.ENOENT, path)
+
+    def rmdir(self, path: str) -> None:
+        """`os.rmdir`: an empty directory only."""
+        with self._lock:
+            path = self._directory(path)
+            if any(os.path.dirname(name) == path for name in (*self._files, *self._dirs)
+                   if name != path):
+                raise _error(errno.ENOTEMPTY, path)
+            self._dirs.discard(path)
 
     def fsync_dir(self, path: str) -> None:
         """Checks that `path` is a directory; nothing is volatile here."""

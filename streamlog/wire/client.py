@@ -41,7 +41,7 @@ from .. import columnar
 from ..api import LogAPI
 from ..config import LogConfig
 from ..errors import InvalidAppend, InvalidArgument, LogClosed, ReadOnlyLog
-from ..payload import join_encoded
+from ..payload import encoded_flags, join_encoded
 from ..records import AppendResult, RecordKind, RecordPosition
 from ..txn import new_txn_id
 from .codes import AuthenticationFailed, LocalProtocolError, RemoteProtocolError, exception_for
@@ -231,7 +231,8 @@ class RemoteLog(_TableMethods):
         for piece in columnar.encode(rows, txn_id, frame_bytes_max=budget * 2,
                                      batch_records_max=_BATCH_RECORDS_MAX):
             requests.append(_append_factory(stream, target, txn_id, given,
-                                            piece.record_count, 0, join_encoded([piece])))
+                                            piece.record_count, encoded_flags([piece]),
+                                            join_encoded([piece])))
         return requests
 
     async def _native_link(self) -> Link:

@@ -22,12 +22,14 @@ import numpy as np
 
 from .. import validate
 from ..errors import CorruptFrame, InvalidAppend
-from ..frame import CODEC_NONE, FLAG_HAS_CONTROL, FLAG_HAS_HEADERS, Frame
-from ..payload import Columns, decode_columns, decode_headers, encode_payload
+from ..frame import CODEC_NONE, Frame
+from ..payload import PAYLOAD_FLAGS, Columns, decode_columns, decode_headers, encode_payload
 from ..records import RecordKind
 from .codes import LocalProtocolError
 
-PAYLOAD_FLAGS_KNOWN = FLAG_HAS_CONTROL | FLAG_HAS_HEADERS
+# A peer that does not know a flag refuses the payload (PROTOCOL_ERROR): an older daemon
+# or client sent a None value or header value gets an error, never an empty value.
+PAYLOAD_FLAGS_KNOWN = PAYLOAD_FLAGS
 # An APPEND larger than the daemon's frame limit less this slack is sent in pieces.
 FRAME_SLACK_BYTES = 64 * 1024
 _KIND_MAX = max(RecordKind)
@@ -35,7 +37,7 @@ _KIND_MAX = max(RecordKind)
 
 def encode_records(timestamps_us, keys, values, kinds=None, headers=None) -> tuple[bytes, int]:
     """The payload of an APPEND: the log's columnar layout (payload.encode_payload).
-    The caller has checked types (bytes values and keys, int timestamps)."""
+    The caller has checked types (bytes or None values and keys, int timestamps)."""
     return encode_payload(timestamps_us, keys, values, kinds, headers)
 
 
@@ -67,7 +69,7 @@ def check_headers(columns: Columns) -> None:
         return
     try:
         for blob in split_blobs(bytes(columns.headers), columns.header_lengths):
-            decode_headers(blob)
+            decode_headers(blob, nulls=columns.nulls)
     except CorruptFrame as error:
         raise LocalProtocolError(f"bad record headers: {error.reason}") from None
 
@@ -77,7 +79,7 @@ def check_headers(columns: Columns) -> None:
 def encode_slice(columns: Columns, lo: int, hi: int) -> tuple[bytes, int]:
     """Payload of rows [lo, hi) of a decoded batch, with no loop per record."""
     assert 0 <= lo < hi <= len(columns)
-    flags = _flags(columns)
+    flags = columns.flags
     whole = lo == 0 and hi == len(columns)
     if whole and columns.raw is not None:
         return columns.raw, flags  # the stored payload's layout is the wire's: no copy
@@ -93,15 +95,10 @@ def encode_slice(columns: Columns, lo: int, hi: int) -> tuple[bytes, int]:
             parts.append(columns.headers)
     else:
         parts.append(_blob_slice(np.maximum(columns.key_lengths, 0), columns.keys, lo, hi))
-        parts.append(_blob_slice(columns.value_lengths, columns.values, lo, hi))
+        parts.append(_blob_slice(columns.value_bytes(), columns.values, lo, hi))
         if columns.headers is not None:
             parts.append(_blob_slice(columns.header_lengths, columns.headers, lo, hi))
     return b"".join(parts), flags
-
-
-def _flags(columns: Columns) -> int:
-    return ((FLAG_HAS_HEADERS if columns.header_lengths is not None else 0)
-            | (FLAG_HAS_CONTROL if columns.kinds is not None else 0))
 
 
 def encode_slices(slices) -> tuple[bytes, int]:
@@ -119,11 +116,13 @@ def encode_slices(slices) -> tuple[bytes, int]:
     if control:
         parts += [_or_zeros(c.kinds, lo, hi, "u1") for c, lo, hi in slices]
     parts += [_blob_slice(np.maximum(c.key_lengths, 0), c.keys, lo, hi) for c, lo, hi in slices]
-    parts += [_blob_slice(c.value_lengths, c.values, lo, hi) for c, lo, hi in slices]
+    parts += [_blob_slice(c.value_bytes(), c.values, lo, hi) for c, lo, hi in slices]
     if headers:
         parts += [_blob_slice(c.header_lengths, c.headers, lo, hi) for c, lo, hi in slices
                   if c.header_lengths is not None]
-    flags = (FLAG_HAS_HEADERS if headers else 0) | (FLAG_HAS_CONTROL if control else 0)
+    flags = 0
+    for c, _, _ in slices:  # a column any slice has, the joined payload has
+        flags |= c.flags
     return b"".join(parts), flags
 
 
@@ -158,7 +157,7 @@ def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
             out += _batches(group)
             group = []
         group.append(item)
-        size += int(columns.value_lengths[lo:hi].sum()) + 16 * (hi - lo)
+        size += int(columns.value_bytes()[lo:hi].sum()) + 16 * (hi - lo)
         if size >= bytes_budget:
             status = MORE
             break
@@ -177,7 +176,7 @@ def _batches(group) -> list[tuple]:
     """Whole stored batches go out one BATCH each, their payloads as stored (no copy);
     anything else as one BATCH of the slices joined."""
     if all(c.raw is not None and lo == 0 and hi == len(c) for c, lo, hi in group):
-        return [(c.base_offset, len(c), c.txn_id, _flags(c), c.raw) for c, _, _ in group]
+        return [(c.base_offset, len(c), c.txn_id, c.flags, c.raw) for c, _, _ in group]
     return [_batch(group)]
 
 
@@ -193,24 +192,27 @@ def _batch(group) -> tuple:
 def columns_to_lists(columns: Columns, *, timestamps: bool = True):
     """(timestamps, keys, values, kinds, headers) lists of a decoded APPEND, for
     Log.append_batch. kinds / headers are None when the payload has none; timestamps
-    None when not asked for."""
+    None when not asked for. A missing key and a None value are None."""
     timestamps = columns.timestamps_us.tolist() if timestamps else None
-    values = split_blobs(bytes(columns.values), columns.value_lengths)
-    key_lengths = columns.key_lengths
-    if len(key_lengths) and int(key_lengths.min()) >= 0:
-        keys = split_blobs(bytes(columns.keys), key_lengths)
-    elif int(key_lengths.max()) < 0:
-        keys = [None] * len(key_lengths)
-    else:
-        present = iter(split_blobs(bytes(columns.keys), np.maximum(key_lengths, 0)))
-        keys = [next(present) if length >= 0 else (next(present), None)[1]
-                for length in key_lengths.tolist()]
+    values = blobs_or_none(columns.values, columns.value_lengths)
+    keys = blobs_or_none(columns.keys, columns.key_lengths)
     kinds = columns.kinds.tolist() if columns.kinds is not None else None
     headers = None
     if columns.header_lengths is not None:
-        headers = [decode_headers(blob) for blob in
+        headers = [decode_headers(blob, nulls=columns.nulls) for blob in
                    split_blobs(bytes(columns.headers), columns.header_lengths)]
     return timestamps, keys, values, kinds, headers
+
+
+def blobs_or_none(blob, lengths: np.ndarray) -> list:
+    """The items of a keys or values blob: bytes, None where the length is -1."""
+    if len(lengths) and int(lengths.min()) >= 0:
+        return split_blobs(bytes(blob), lengths)
+    if int(lengths.max()) < 0:
+        return [None] * len(lengths)
+    present = iter(split_blobs(bytes(blob), np.maximum(lengths, 0)))
+    return [next(present) if length >= 0 else (next(present), None)[1]
+            for length in lengths.tolist()]
 
 
 def split_blobs(blob: bytes, lengths: np.ndarray) -> list[bytes]:
@@ -250,17 +252,17 @@ def pieces(columns: ClientColumns, bytes_max: int) -> list[range]:
     n = len(columns.values)
     sizes = None
     keys = columns.keys
-    key_bytes = (sum(map(len, keys)) if keys[0] is not None and None not in keys
-                 else sum(len(k) for k in keys if k))
-    total = sum(map(len, columns.values)) + key_bytes + 17 * n
+    # filter(None, ...) drops None (no key, a tombstone) and b"" (adds nothing)
+    total = (sum(map(len, filter(None, columns.values)))
+             + sum(map(len, filter(None, keys))) + 17 * n)
     if columns.headers is not None:
-        sizes = [len(v) + (len(k) if k else 0) + 21 + _headers_size(h) for v, k, h in
-                 zip(columns.values, columns.keys, columns.headers)]
+        sizes = [(len(v) if v else 0) + (len(k) if k else 0) + 21 + _headers_size(h)
+                 for v, k, h in zip(columns.values, columns.keys, columns.headers)]
         total = sum(sizes)
     if total <= bytes_max:
         return [range(n)]
     if sizes is None:
-        sizes = [len(v) + (len(k) if k else 0) + 17 for v, k in
+        sizes = [(len(v) if v else 0) + (len(k) if k else 0) + 17 for v, k in
                  zip(columns.values, columns.keys)]
     out, start, size = [], 0, 0
     for row, record in enumerate(sizes):
@@ -287,4 +289,5 @@ def take(columns: ClientColumns, rows: range):
 
 
 def _headers_size(headers) -> int:
-    return 2 + sum(8 + len(name.encode()) + len(value) for name, value in headers)
+    return 2 + sum(8 + len(name.encode()) + (len(value) if value else 0)
+                   for name, value in headers)

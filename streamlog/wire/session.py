@@ -376,7 +376,7 @@ def _direct_piece(log, message: Append):
         number = 0
     else:
         return None  # key hash or round robin: the log's choice
-    sizes = columns.value_lengths + np.maximum(columns.key_lengths, 0)
+    sizes = columns.value_bytes() + np.maximum(columns.key_lengths, 0)
     nbytes = int(sizes.sum()) + RECORD_OVERHEAD_BYTES * count
     if int(sizes.max()) > config.record_bytes_max or nbytes > config.frame_bytes_max // 2:
         return None

@@ -383,8 +383,6 @@ BAD = {
     "value-numpy-str": ({"value": np.array(["a", "b"])}, InvalidAppend, "UTF-32"),
     "value-numpy-object": ({"value": np.array([b"a", None], dtype=object)}, InvalidAppend,
                            "dtype object"),
-    "value-null": ({"value": pa.array([b"a", None])}, InvalidAppend,
-                   "value of record 1 is null"),
     "key-int": ({"value": V2, "key": pa.array([1, 2])}, InvalidAppend,
                 "key column must be binary"),
     "key-short": ({"value": V2, "key": pa.array([b"k"])}, InvalidAppend,

@@ -596,3 +596,54 @@ def test_info_lists_the_durable_holds(tmp_path):
             "follows") in done.stdout
     row = json.loads(cli("info", path, "--json").stdout)["streams"]["events"]["partitions"][0]
     assert row["holds"]["operator.counts.0"]["offset"] == 0
+
+
+# -- tombstones --------------------------------------------------------------------------
+
+def test_tombstones_append_read_dump_and_verify(log_dir, tmp_path):
+    """"value": null is a None value, apart from "value": ""; a null header value is
+    None; read and dump print them as null, and the lines read prints append again."""
+    records = [{"value": None, "key": "k"}, {"value": ""}, {"value_b64": None},
+               {"value": "v", "headers": {"h": None, "g": ""}},
+               {"value": None, "headers_b64": {"b": None, "c": "/w=="}}]
+    done = cli("append", log_dir, "--stream", "s", stdin=jsonl(records))
+    assert done.returncode == 0, done.stderr
+    out = read_all(log_dir)
+    assert [r["value"] for r in out] == [None, "", None, "v", None]
+    assert all("value_b64" not in r for r in out)
+    assert out[3]["headers"] == {"h": None, "g": ""}
+    assert out[4]["headers_b64"] == {"b": None, "c": "/w=="}
+    with streamlog.open_log(log_dir, readonly=True) as log:
+        got = [(r.value, r.headers) for r in log.reader("s", 0)]
+    assert got == [(None, ()), (b"", ()), (None, ()), (b"v", (("h", None), ("g", b""))),
+                   (None, (("b", None), ("c", b"\xff")))]
+    copy = str(tmp_path / "copy")
+    again = cli("append", copy, "--stream", "s", stdin="".join(
+        json.dumps(r) + "\n" for r in out))
+    assert again.returncode == 0, again.stderr
+    assert read_all(copy) == out
+    assert_one_line_error(cli("append", log_dir, "--stream", "s", stdin='{"key": "k"}\n'),
+                          2, "line 1: no value")
+    dumped = cli("dump", log_dir, "--records", "--json")
+    assert dumped.returncode == 0, dumped.stderr
+    assert '"value": null' in dumped.stdout
+    verified = cli("verify", log_dir)
+    assert verified.returncode == 0 and verified.stderr == "", verified.stderr
+
+
+def test_verify_names_a_none_value_without_its_flag_corrupt(log_dir):
+    from streamlog.frame import FLAG_HAS_NULLS, decode_frame, encode_frame
+    build_log(log_dir, [([None, b""], [1, 2])])
+    frame = decode_frame(segment_path(log_dir).read_bytes())
+    assert frame.flags & FLAG_HAS_NULLS
+    forged = encode_frame(base_offset=2, record_count=2, min_timestamp_us=1,
+                          max_timestamp_us=2, txn_id=0, flags=frame.flags & ~FLAG_HAS_NULLS,
+                          raw_bytes=len(frame.payload), payload=bytes(frame.payload))
+    with open(segment_path(log_dir), "ab") as handle:
+        handle.write(forged)  # checksums hold: only the payload's lengths are wrong
+    done = cli("verify", log_dir)
+    assert done.returncode == 1
+    assert "negative length in payload" in done.stderr and "Traceback" not in done.stderr
+    read = cli("read", log_dir, "--stream", "s")
+    assert read.returncode != 0 and "negative length" in read.stderr
+    assert [r["value"] for r in lines_of(read.stdout)] == [None, ""]

@@ -1021,3 +1021,49 @@ def test_append_columns_over_the_wire_lands_as_locally(remote, daemon):
         return await remote.append_columns("cols", {"value": pa.array([b"a", b"b"])},
                                            partition=0)
     assert asyncio.run(columns_async()).ranges == {0: (5000, 5001)}
+
+
+def test_tombstones_through_serve_both_ways(tmp_path):
+    """None values and None header values through `streamlog serve` and its client:
+    single and batched appends (the daemon's direct path and, with the partition
+    left to the log, append_batch's), Arrow columns and a Producer; read back as
+    records, Arrow, a slice from mid-batch and a follower, then from the files."""
+    import pyarrow as pa
+    path = str(tmp_path / "tombstones")
+    daemon = DaemonProcess(path)
+    expected = [None, b"", None, b"v", None, b"", b"c", None, None]
+    try:
+        with open_remote(daemon.url, TOKEN) as log:
+            log.create_stream("t", partitions=1)
+            log.create_stream("routed", partitions=2)
+            follower = iter(log.reader("t", 0, follow=True))
+            log.append_sync("t", None, headers={"h": None, "g": b""})
+            log.append_batch_sync("t", [b"", None, b"v"], keys=[None, b"k", None])
+            log.append_columns_sync("t", {"value": pa.array([None, b"", b"c"])})
+            with log.producer("t", linger_ms=0) as producer:
+                handles = [producer.send(None), producer.send(None, headers={"x": None})]
+                producer.flush(timeout=30)
+            assert [h.result(0) for h in handles] == [(0, 7), (0, 8)]
+            log.append_batch_sync("routed", [None, b"", None, b""],
+                                  headers=[None, [("a", None)], None, None])
+            records = list(log.reader("t", 0))
+            assert [r.value for r in records] == expected
+            assert [r.headers for r in records][0] == (("h", None), ("g", b""))
+            assert records[8].headers == (("x", None),)
+            assert [next(follower).value for _ in expected] == expected
+            batches = list(log.reader("t", 0).arrow(include_headers=True))
+            table = pa.Table.from_batches(batches)
+            assert table.column("value").to_pylist() == expected
+            assert table.column("headers").to_pylist()[0] == [
+                {"key": "h", "value": None}, {"key": "g", "value": b""}]
+            assert [r.value for r in log.reader("t", 0, from_offset=2, to_offset=6)] == \
+                expected[2:6]
+            routed = [r for n in range(2) for r in log.reader("routed", n)]
+            assert sorted((r.value is None, r.headers) for r in routed) == [
+                (False, ()), (False, (("a", None),)), (True, ()), (True, ())]
+    finally:
+        daemon.proc.send_signal(signal.SIGTERM)
+        daemon.proc.wait(30)
+        daemon.kill()
+    with streamlog.open_log(path, readonly=True) as local:
+        assert [r.value for r in local.reader("t", 0)] == expected

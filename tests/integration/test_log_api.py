@@ -75,8 +75,8 @@ BAD_CALLS = [
          InvalidAppend, "encode"),
     _bad("append-value-int", lambda log: log.append(STREAM, 7, partition=0),
          InvalidAppend, "must be bytes, not int"),
-    _bad("append-value-none", lambda log: log.append_sync(STREAM, None, partition=0),
-         InvalidAppend, "must be bytes, not NoneType"),
+    _bad("append-value-list", lambda log: log.append_sync(STREAM, [b"v"], partition=0),
+         InvalidAppend, "must be bytes, not list"),  # (None is a tombstone, not an error)
     _bad("batch-values-bytes", lambda log: log.append_batch_sync(STREAM, b"abc"),
          InvalidAppend, "list"),
     _bad("batch-values-str", lambda log: log.append_batch(STREAM, "abc"),

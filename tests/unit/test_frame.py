@@ -196,7 +196,7 @@ def test_payload_checksum_mismatch():
 @pytest.mark.parametrize("changes, reason", [
     (dict(version=2), "version"),
     (dict(version=0), "version"),
-    (dict(flags=0b10000), "flags"),
+    (dict(flags=0b1000000), "flags"),  # bit 6 is not a flag
     (dict(flags=0b10), "flags"),  # codec 2 does not exist
     (dict(flags=0b11), "flags"),
     (dict(record_count=0), "impossible"),

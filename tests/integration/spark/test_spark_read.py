@@ -70,15 +70,21 @@ def test_explicit_register_works_too(spark, tmp_path):
 
 def test_schema_and_arrow_types(spark, tmp_path):
     write_log(tmp_path / "log", "events", {0: [(None, b"v", EPOCH_US)]})
+    with streamlog.open_log(tmp_path / "log") as log:  # a tombstone: value None, not b""
+        log.append_batch_sync("events", [None, b""], headers=[{"h": None}, None])
     frame = load(spark, tmp_path / "log")
     assert frame.schema.simpleString() == ("struct<stream:string,partition:int,offset:bigint,"
                                            "timestamp:timestamp,timestampType:int,key:binary,"
                                            "value:binary>")
     assert [f.nullable for f in frame.schema.fields] == [False, False, False, False, False,
-                                                         True, False]
-    with_headers = load(spark, tmp_path / "log", includeHeaders="true")
+                                                         True, True]
+    rows = frame.orderBy("offset").collect()
+    assert [None if r.value is None else bytes(r.value) for r in rows] == [b"v", None, b""]
+    with_headers = load(spark, tmp_path / "log", includeHeaders="true").orderBy("offset")
     assert with_headers.schema.fieldNames()[-1] == "headers"
-    assert with_headers.collect()[0].headers is None
+    headers = [r.headers for r in with_headers.collect()]
+    assert headers[0] is None and headers[2] is None
+    assert [(h.key, h.value) for h in headers[1]] == [("h", None)]
 
 
 def test_batch_read_returns_every_data_record_exactly(spark, tmp_path):
