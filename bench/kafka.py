@@ -21,12 +21,17 @@ password); each contender writes its own 1-partition stream on it, then reads it
                        per record (poll(0) every 1,000; a full queue waits in poll),
                        then flush(); every delivery report checked for an error.
                        acks=all is durable under the daemon's fsync=always.
+  kafka_idempotent_produce_rps   the same with enable.idempotence (its own stream).
+  kafka_txn_produce_rps          the same with a transactional.id: begin_transaction,
+                       1,000 produce(), commit_transaction, over and over (its own
+                       stream); the baseline is the idempotent producer's rate.
   ours_consume_rps     RemoteReader.records() of the whole stream (a Record per record).
   kafka_consume_rps    confluent_kafka.Consumer assigned partition 0 from offset 0 (no
                        group), consume(10,000, timeout) until every record has come;
                        every message checked for an error, and the count exact.
 
-Targets: kafka produce >= 0.5x and kafka consume >= 0.5x our own client's rates. The
+Targets: kafka produce >= 0.5x and kafka consume >= 0.5x our own client's rates;
+transactional produce >= 0.5x the idempotent producer's. The
 machine is shared and noisy: read the ratios, measured in the same run.
 """
 
@@ -73,13 +78,27 @@ def ours_produce(url: str, data: Dataset) -> float:
 
 
 def kafka_produce(port: int, url: str, data: Dataset) -> float:
+    return kafka_produce_sequenced(port, url, data, THEIRS, idempotent=False,
+                                   transactional=False)
+
+
+def kafka_produce_sequenced(port: int, url: str, data: Dataset, stream: str, *,
+                            idempotent: bool = True, transactional: bool,
+                            commit_every: int = 1000) -> float:
+    """confluent-kafka, acks=all: plain, with enable.idempotence, or with a
+    transactional.id and a commit every `commit_every` records (begin, produce,
+    commit_transaction: the commit waits for every delivery of its records); poll(0)
+    every `commit_every` records (a full queue waits in poll); every delivery checked."""
     from confluent_kafka import KafkaException, Producer
 
     from streamlog.wire.client import open_remote
     with open_remote(url, TOKEN) as log:
-        log.create_stream(THEIRS, partitions=1)
-    producer = Producer({**kafka_config(port), "acks": "all", "linger.ms": 5,
-                         "queue.buffering.max.messages": 200_000})
+        log.create_stream(stream, partitions=1)
+    config = {**kafka_config(port), "acks": "all", "linger.ms": 5,
+              "enable.idempotence": idempotent, "queue.buffering.max.messages": 200_000}
+    if transactional:
+        config["transactional.id"] = f"bench-{stream}"
+    producer = Producer(config)
     outcome = {"delivered": 0, "errors": 0, "first_error": None}
 
     def delivered(error, _message) -> None:
@@ -89,17 +108,24 @@ def kafka_produce(port: int, url: str, data: Dataset) -> float:
             outcome["errors"] += 1
             outcome["first_error"] = outcome["first_error"] or str(error)
 
+    if transactional:
+        producer.init_transactions(30)
     watch = Stopwatch()
     produce, poll = producer.produce, producer.poll
-    for i, (key, value) in enumerate(zip(data.keys, data.values)):
-        while True:
-            try:
-                produce(THEIRS, value, key, partition=0, on_delivery=delivered)
-                break
-            except BufferError:  # the client's queue is full: let deliveries drain
-                poll(0.01)
-        if i % 1000 == 999:
-            poll(0)
+    for start in range(0, len(data), commit_every):
+        if transactional:
+            producer.begin_transaction()
+        for key, value in zip(data.keys[start:start + commit_every],
+                              data.values[start:start + commit_every]):
+            while True:
+                try:
+                    produce(stream, value, key, partition=0, on_delivery=delivered)
+                    break
+                except BufferError:
+                    poll(0.01)
+        poll(0)
+        if transactional:
+            producer.commit_transaction(60)
     if producer.flush(120) != 0:
         raise RuntimeError("confluent-kafka: messages left undelivered after 120 s")
     seconds = watch.elapsed
@@ -171,6 +197,12 @@ def run(args) -> tuple[dict, list[str]]:
                 failures)
         attempt("kafka_produce",
                 lambda: measure("kafka_produce", kafka_produce, port, url, data), failures)
+        attempt("kafka_idempotent_produce", lambda: measure(
+            "kafka_idempotent_produce", kafka_produce_sequenced, port, url, data,
+            "idempotent", transactional=False), failures)
+        attempt("kafka_txn_produce", lambda: measure(
+            "kafka_txn_produce", kafka_produce_sequenced, port, url, data, "txn",
+            transactional=True), failures)
         attempt("ours_consume", lambda: measure("ours_consume", ours_consume, url, n),
                 failures)
         attempt("kafka_consume",
@@ -184,6 +216,10 @@ def run(args) -> tuple[dict, list[str]]:
         value = ratio(figures.get(f"kafka_{name}_rps"), figures.get(f"ours_{name}_rps"))
         if value is not None:
             figures[f"kafka_vs_ours_{name}"] = value
+    value = ratio(figures.get("kafka_txn_produce_rps"),
+                  figures.get("kafka_idempotent_produce_rps"))
+    if value is not None:
+        figures["txn_vs_idempotent_produce"] = value
     return figures, failures
 
 
@@ -192,6 +228,10 @@ ROWS = [
     Row("streamlog client: producer, single sends", "ours_produce_rps", "rec/s"),
     Row("confluent-kafka: produce, acks=all", "kafka_produce_rps", "rec/s",
         {"vs ours": "ours_produce_rps"}),
+    Row("confluent-kafka: produce, idempotent", "kafka_idempotent_produce_rps", "rec/s",
+        {"vs ours": "ours_produce_rps"}),
+    Row("confluent-kafka: produce, transactional (commit per 1,000)",
+        "kafka_txn_produce_rps", "rec/s", {"vs ours": "ours_produce_rps"}),
     Row("streamlog client: records replay", "ours_consume_rps", "rec/s"),
     Row("confluent-kafka: consume", "kafka_consume_rps", "rec/s",
         {"vs ours": "ours_consume_rps"}),
@@ -203,6 +243,9 @@ TARGETS = [
     Target("kafka consume >= 0.5x our client's",
            lambda f: None if "kafka_vs_ours_consume" not in f
            else f["kafka_vs_ours_consume"] >= 0.5),
+    Target("transactional produce (commit per 1,000) >= 0.5x idempotent produce",
+           lambda f: None if "txn_vs_idempotent_produce" not in f
+           else f["txn_vs_idempotent_produce"] >= 0.5),
 ]
 
 

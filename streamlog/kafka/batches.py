@@ -1,14 +1,15 @@
 """Kafka record batches <-> the log's batches: a produced batch appended, a partition
 read as Kafka batches. No sockets, no broker state.
 
-Cost per record: a produced batch without headers or null values is decoded into Arrow
-arrays (record_decoding.py: one Python step per record, to hop to the next) and
-appended with append_columns; other batches go through lists and append_batch. A
-fetched log batch of data without headers is encoded with NumPy from its columns
+Cost per record: a produced batch without headers is decoded into Arrow arrays
+(record_decoding.py: one Python step per record, to hop to the next) and appended with
+append_columns; a batch with headers goes through lists and append_batch. A fetched
+log batch of data without headers is encoded with NumPy from its columns
 (record_encoding.encode_arrays); control records and records with headers take the
 per-record encoder.
 
-A null value or header value is stored as b"" (the log has no null value).
+A null value (a tombstone) or a null header value is stored as None, which the log
+keeps apart from an empty value (DESIGN 1), and fetched back as null (length -1).
 """
 
 from __future__ import annotations
@@ -22,42 +23,38 @@ _BATCH_RECORDS_MAX = 4096  # records per batch in a Fetch response
 _CHUNK_BYTES = 1 << 20  # about this many key and value bytes per batch too
 
 
-def append(log, topic: str, partition: int, batch, stamp=None) -> int:
-        """Append a batch's records (stamped, for an idempotent producer's batch: then
-        one frame); returns the first offset once durable."""
-        if batch.arrays is not None:  # no headers, no null values: columns as they are
-            columns = {"value": batch.arrays["value"], "key": batch.arrays["key"]}
-            if batch.base_timestamp_ms >= 0:
-                columns["timestamp"] = batch.arrays["timestamp"].to_numpy() * 1000
-            if stamp is not None:
-                result = log.append_stamped_sync(topic, partition, stamp, data=columns)
-            else:
-                result = log.append_columns_sync(topic, columns, partition=partition)
-            return result.ranges[partition][0]
-        if batch.base_timestamp_ms < 0:  # the producer gave none: the append time
-            stamps = None
-        else:
-            stamps = [ms * 1000 for ms in batch.timestamps_ms]
-        headers = batch.headers
-        if headers is not None:
-            headers = [[(name, b"" if value is None else value) for name, value in row]
-                       for row in headers]
-        values = batch.values
-        if None in values:
-            values = [b"" if value is None else value for value in values]
+def append(log, topic: str, partition: int, batch, stamp=None, txn_id: int = 0) -> int:
+    """Append a batch's records (stamped, for an idempotent producer's batch: then one
+    frame; under the log transaction `txn_id`, for a transactional producer's); returns
+    the first offset once durable."""
+    if batch.arrays is not None:  # no headers: columns as they are
+        columns = {"value": batch.arrays["value"], "key": batch.arrays["key"]}
+        if batch.base_timestamp_ms >= 0:
+            columns["timestamp"] = batch.arrays["timestamp"].to_numpy() * 1000
         if stamp is not None:
-            result = log.append_stamped_sync(topic, partition, stamp, values=values,
-                                                  keys=batch.keys, timestamps_us=stamps,
-                                                  headers=headers)
+            result = log.append_stamped_sync(topic, partition, stamp, data=columns,
+                                             txn_id=txn_id)
         else:
-            result = log.append_batch_sync(topic, values, keys=batch.keys,
-                                                timestamps_us=stamps, partition=partition,
-                                                headers=headers)
+            result = log.append_columns_sync(topic, columns, partition=partition,
+                                             txn_id=txn_id)
         return result.ranges[partition][0]
+    if batch.base_timestamp_ms < 0:  # the producer gave none: the append time
+        stamps = None
+    else:
+        stamps = [ms * 1000 for ms in batch.timestamps_ms]
+    if stamp is not None:
+        result = log.append_stamped_sync(topic, partition, stamp, values=batch.values,
+                                         keys=batch.keys, timestamps_us=stamps,
+                                         headers=batch.headers, txn_id=txn_id)
+    else:
+        result = log.append_batch_sync(topic, batch.values, keys=batch.keys,
+                                       timestamps_us=stamps, partition=partition,
+                                       headers=batch.headers, txn_id=txn_id)
+    return result.ranges[partition][0]
 
 
-def read(log, topic: str, partition: int, offset: int, max_bytes: int,
-                 committed: bool, *, at_least_one: bool) -> list[bytes]:
+def read(log, topic: str, partition: int, offset: int, max_bytes: int, committed: bool, *,
+         at_least_one: bool) -> list[bytes]:
     """Kafka batches of the partition from `offset`: data records in batches (their
     offsets kept, so skipped aborted records leave gaps as compaction does), each
     control record a control batch. Stops before passing `max_bytes`, except that the
@@ -134,7 +131,8 @@ def _producer_fields(columns, row: int) -> dict:
 def _array_chunks(columns, lo: int, hi: int):
     """Rows [lo, hi) of a log batch of data records without headers, as Kafka batches
     of at most _BATCH_RECORDS_MAX records and about _CHUNK_BYTES each, encoded from
-    the batch's columns without a loop per record. Yields (batch bytes, last offset)."""
+    the batch's columns without a loop per record (a None value's length, -1, is
+    Kafka's null). Yields (batch bytes, last offset)."""
     key_offsets, value_offsets = columns.key_offsets(), columns.value_offsets()
     stamps_ms = columns.timestamps_us // 1000
     sizes = value_offsets + key_offsets  # bytes before each row

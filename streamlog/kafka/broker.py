@@ -28,9 +28,10 @@ one frame stamped with its producer id, epoch and base sequence (frame.py), from
 the state is rebuilt after a restart or a crash (producer_state.py), and which Fetch
 returns in the batch header as Kafka does.
 
-Transactional producers (a transactional_id) are refused with
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the Kafka transaction APIs (AddPartitionsToTxn,
-EndTxn, ...) are not served.
+Transactional producers (a transactional_id): InitProducerId, AddPartitionsToTxn,
+AddOffsetsToTxn, TxnOffsetCommit and EndTxn are transactions.py's coordinator; a
+transactional batch is appended as an idempotent one, under the log transaction its
+partition has in the producer's open transaction.
 
 Committed offsets are records of the internal stream `__consumer_offsets`
 (offsets.py). Streams whose names start with "__" are streamlog's own: Metadata says
@@ -51,9 +52,9 @@ from .errors import ErrorCode
 from .offsets import CommittedOffsets
 from .producer_state import ProducerState
 from .producers import Batch as SequencedBatch, SequenceVerdict
+from .transactions import TRANSACTION_TIMEOUT_MAX_MS, TransactionCoordinator, TxnError
 
 NODE_ID = 0
-TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 CLUSTER_ID = "streamlog"
 _LOG = logging.getLogger("streamlog.kafka")
 _VERDICT_CODES = {SequenceVerdict.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
@@ -79,6 +80,7 @@ class Broker:
         self.transaction_timeout_max_ms = TRANSACTION_TIMEOUT_MAX_MS
         self.producers = ProducerState(log)
         self.offsets = CommittedOffsets(log)
+        self.transactions = TransactionCoordinator(log, self.producers, self.offsets)
 
     # -- topics ----------------------------------------------------------------------
 
@@ -154,8 +156,17 @@ class Broker:
         body = request.body
         schema = response_schema(request)
         if body.transactional_id is not None:
-            return build(schema, error_code=ErrorCode.transactional_id_authorization_failed,
-                         producer_id=-1, producer_epoch=-1)
+            try:
+                producer_id, epoch = self.transactions.init_producer(
+                    body.transactional_id, int(body.transaction_timeout.total_seconds()
+                                               * 1000),
+                    getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
+            except TxnError as error:
+                _LOG.warning("kafka_txn_refused", extra={"fields": {
+                    "transactional_id": body.transactional_id, "error": str(error)}})
+                return build(schema, error_code=error.code, producer_id=-1,
+                             producer_epoch=-1)
+            return build(schema, producer_id=producer_id, producer_epoch=epoch)
         # Without a transactional id, Kafka hands out a new id even to a producer that
         # names its current one (KIP-360's bump): its batches then start at sequence 0.
         try:
@@ -180,13 +191,12 @@ class Broker:
             for data in topic.partition_data:
                 if acks not in (0, 1, -1):
                     code, base = ErrorCode.invalid_required_acks, -1
-                elif body.transactional_id is not None:
-                    code, base = ErrorCode.transactional_id_authorization_failed, -1
                 elif is_internal(topic.name):  # as Kafka: no client writes them
                     code, base = ErrorCode.invalid_topic_exception, -1
                 else:
                     code, base = self._produce_partition(topic.name, data.index,
-                                                         data.records or b"")
+                                                         data.records or b"",
+                                                         body.transactional_id)
                 partitions.append({"index": data.index, "error_code": code,
                                    "base_offset": base, "log_start_offset": -1,
                                    "record_errors": []})
@@ -195,7 +205,8 @@ class Broker:
             return None
         return build(response_schema(request), responses=topics)
 
-    def _produce_partition(self, topic: str, partition: int, data: bytes):
+    def _produce_partition(self, topic: str, partition: int, data: bytes,
+                           transactional_id: str | None = None):
         count = self.partition_count(topic)
         if count is None or not 0 <= partition < count:
             return ErrorCode.unknown_topic_or_partition, -1
@@ -209,7 +220,8 @@ class Broker:
         for batch in batches:
             try:
                 code, base = self._append_batch(topic, partition, batch,
-                                                 len(data) // len(batches))
+                                                 len(data) // len(batches),
+                                                 transactional_id)
             except log_errors.InvalidAppend as error:
                 _LOG.warning("kafka_append_refused", extra={"fields": {"error": str(error)}})
                 return ErrorCode.message_too_large, -1
@@ -224,19 +236,37 @@ class Broker:
             first = base if first < 0 else first
         return ErrorCode.none, first
 
-    def _append_batch(self, topic: str, partition: int, batch,
-                      nbytes: int) -> tuple[ErrorCode, int]:
+    def _append_batch(self, topic: str, partition: int, batch, nbytes: int,
+                      transactional_id: str | None = None) -> tuple[ErrorCode, int]:
         if batch.is_control or not len(batch):
             return ErrorCode.invalid_record if batch.is_control else ErrorCode.none, -1
+        if transactional_id is not None or batch.is_transactional:
+            if transactional_id is None or not batch.is_transactional:
+                return ErrorCode.invalid_record, -1  # Kafka: both or neither
+            try:
+                with self.transactions.producing(transactional_id, batch.producer_id,
+                                                 batch.producer_epoch,
+                                                 (topic, partition)) as txn_id:
+                    code, base = self._sequenced(topic, partition, batch, nbytes, txn_id)
+                    if code != ErrorCode.none:  # (not written: the block must not end well)
+                        raise TxnError(code)
+                    return code, base
+            except TxnError as error:
+                return error.code, -1
         if batch.producer_id < 0:
             return ErrorCode.none, self._append(topic, partition, batch)
+        return self._sequenced(topic, partition, batch, nbytes, 0)
+
+    def _sequenced(self, topic: str, partition: int, batch, nbytes: int,
+                   txn_id: int) -> tuple[ErrorCode, int]:
+        """A batch with a producer id, by Kafka's sequence rules (producers.py)."""
         if not (0 <= batch.producer_epoch and 0 <= batch.base_sequence):
             return ErrorCode.invalid_record, -1  # a producer id without its sequence
         decision = self.producers.produce(
             topic, partition, batch.producer_id,
             SequencedBatch(batch.producer_epoch, batch.base_sequence, len(batch)),
             nbytes=nbytes,
-            append=lambda stamp: self._append(topic, partition, batch, stamp))
+            append=lambda stamp: self._append(topic, partition, batch, stamp, txn_id))
         if decision.verdict in (SequenceVerdict.APPEND, SequenceVerdict.DUPLICATE):
             return ErrorCode.none, decision.base_offset
         _LOG.warning("kafka_sequence_refused", extra={"fields": {
@@ -244,8 +274,8 @@ class Broker:
             "verdict": decision.verdict.value, "reason": decision.reason}})
         return _VERDICT_CODES[decision.verdict], -1
 
-    def _append(self, topic: str, partition: int, batch, stamp=None) -> int:
-        return batches.append(self.log, topic, partition, batch, stamp)
+    def _append(self, topic: str, partition: int, batch, stamp=None, txn_id: int = 0) -> int:
+        return batches.append(self.log, topic, partition, batch, stamp, txn_id)
 
     # -- consuming -------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 Strategy: every commit is a record of the one-partition stream `__consumer_offsets`
 (Kafka's own name for it), key "group\\0topic\\0partition", value JSON
-{"offset", "metadata"}; a deleted offset (DeleteGroups, OffsetDelete) is a record with
-an empty value, which Kafka writes as a tombstone. A commit is appended and
+{"offset", "metadata"}; a deleted offset (DeleteGroups, OffsetDelete) is a tombstone (a
+record whose value is None), as Kafka writes it. A commit is appended and
 acknowledged under the log's fsync policy before OffsetCommit answers; the table in
 memory is rebuilt from the stream when the listener starts (the last record of a key
-wins). The stream is internal (a name starting with "__", DESIGN 1): clients read it,
+wins). Offsets a transactional producer commits (TxnOffsetCommit) are appended under
+the transaction (transactions.py) and count once it commits: the stream is read
+read_committed. The stream is internal (a name starting with "__", DESIGN 1): clients read it,
 only this module writes it (Log.append_internal_sync), so no client can forge a commit.
 
 A log written before the stream was internal kept its commits in the client-writable
@@ -48,7 +50,7 @@ class CommittedOffsets:
     def _load(self) -> bool:
         """Read the stream into the table; True when it holds the carry-over record."""
         carried = False
-        with self.log.reader(OFFSETS_STREAM, 0) as reader:
+        with self.log.reader(OFFSETS_STREAM, 0, read_committed=True) as reader:
             for record in reader.records():
                 if record.key == CARRIED_OVER:
                     carried = True
@@ -61,7 +63,7 @@ class CommittedOffsets:
         try:
             group, topic, partition = key.decode().split("\0")
             place = (topic, int(partition))
-            if not value:  # deleted
+            if not value:  # a tombstone: deleted
                 self._table.get(group, {}).pop(place, None)
                 return True
             found = json.loads(value)
@@ -89,6 +91,14 @@ class CommittedOffsets:
         """Append (topic, partition, offset, metadata) commits durably, then remember
         them; `partition_count(topic)` is None for an unknown topic. Returns
         {(topic, partition): ErrorCode}."""
+        codes, kept = self.commit_in_txn(group, commits, partition_count, 0)
+        self.remember(group, kept)
+        return codes
+
+    def commit_in_txn(self, group: str, commits, partition_count, txn_id: int):
+        """Append commits under the log transaction `txn_id` (0: none): they count once
+        it commits (remember them then). Returns ({(topic, partition): ErrorCode}, the
+        commits appended)."""
         codes, keys, values, kept = {}, [], [], []
         for topic, partition, offset, metadata in commits:
             count = partition_count(topic)
@@ -101,14 +111,19 @@ class CommittedOffsets:
             keys.append(_key(group, topic, partition))
             values.append(json.dumps({"offset": offset, "metadata": metadata}).encode())
             kept.append((topic, partition, offset, metadata))
+            codes[(topic, partition)] = ErrorCode.none
         if kept:
-            self.log.append_internal_sync(OFFSETS_STREAM, values, keys=keys)
-            with self._lock:
-                stored = self._table.setdefault(group, {})
-                for topic, partition, offset, metadata in kept:
-                    stored[(topic, partition)] = (offset, metadata)
-                    codes[(topic, partition)] = ErrorCode.none
-        return codes
+            self.log.append_internal_sync(OFFSETS_STREAM, values, keys=keys, txn_id=txn_id)
+        return codes, kept
+
+    def remember(self, group: str, kept) -> None:
+        """Take in commits that are durable and visible."""
+        if not kept:
+            return
+        with self._lock:
+            stored = self._table.setdefault(group, {})
+            for topic, partition, offset, metadata in kept:
+                stored[(topic, partition)] = (offset, metadata)
 
     def delete(self, group: str, places: list[Key] | None = None) -> int:
         """Forget the group's offsets of `places` (None: all of them), durably.
@@ -117,7 +132,7 @@ class CommittedOffsets:
             stored = self._table.get(group, {})
             gone = [p for p in (list(stored) if places is None else places) if p in stored]
         if gone:
-            self.log.append_internal_sync(OFFSETS_STREAM, [b""] * len(gone),
+            self.log.append_internal_sync(OFFSETS_STREAM, [None] * len(gone),
                                           keys=[_key(group, *place) for place in gone])
             with self._lock:
                 for place in gone:

@@ -32,8 +32,8 @@ _DECOMPRESSED_BYTES_MAX = 256 * 1024 * 1024  # a zip bomb is refused, not buffer
 def decode_batches(data: bytes, *, check_crc: bool = True,
                    as_arrays: bool = False) -> list[Batch]:
     """Every batch in a Produce request's `records` bytes (usually one); with
-    `as_arrays`, batches without headers or null values come as Arrow arrays (see
-    Batch), decoded without a Python step per field.
+    `as_arrays`, batches without headers come as Arrow arrays (see Batch), decoded
+    without a Python step per field.
 
     Raises:
         BatchError: a bad CRC, a short or malformed batch, an old magic, an unknown
@@ -238,10 +238,10 @@ def _uvarint(buf, position: int) -> tuple[int, int]:
 
 
 def _decode_arrays(body: bytes, count: int, base_ts: int) -> dict | None:
-    """The records as Arrow arrays, or None when one has headers or a null value (the
-    list decoder takes those). Only the hop from record to record is a Python loop (one
-    varint each); every field is then read for all records at once. ValueError for
-    malformed records."""
+    """The records as Arrow arrays (a null key or value is an Arrow null), or None when
+    one has headers (the list decoder takes those). Only the hop from record to record
+    is a Python loop (one varint each); every field is then read for all records at
+    once. ValueError for malformed records."""
     import pyarrow as pa
     found: list[int] = []
     append, uvarint, position = found.append, _uvarint, 0
@@ -278,33 +278,33 @@ def _decode_arrays(body: bytes, count: int, base_ts: int) -> dict | None:
             value_positions = position
             position = position + np.maximum(value, 0)
     stamps, deltas, key_lengths, value_lengths = fields
-    if (value_lengths < 0).any() or (key_lengths < -1).any():
-        if (value_lengths < -1).any() or (key_lengths < -1).any():
-            raise ValueError("a negative key or value length")
-        return None  # a null value (a tombstone): the list decoder keeps it
+    if (value_lengths < -1).any() or (key_lengths < -1).any():
+        raise ValueError("a negative key or value length")
     if (position >= ends).any() or buf[np.minimum(position, len(buf) - 1)].any():
         if (position >= ends).any():
             raise ValueError("a record ends inside its fields")
         return None  # headers
     if not np.array_equal(position + 1, ends):
         raise ValueError("a record's fields do not fill its length")
-    key_bytes = np.maximum(key_lengths, 0)
-    keys = _select(buf, key_positions, key_bytes)
-    values = _select(buf, value_positions, value_lengths)
-    key_offsets = np.zeros(count + 1, dtype=np.int32)
-    np.cumsum(key_bytes, out=key_offsets[1:])
-    value_offsets = np.zeros(count + 1, dtype=np.int32)
-    np.cumsum(value_lengths, out=value_offsets[1:])
-    nulls = key_lengths < 0
+    return {"value": _binary_array(buf, value_positions, value_lengths),
+            "key": _binary_array(buf, key_positions, key_lengths),
+            "timestamp": pa.array(stamps + base_ts, type=pa.int64()),
+            "offset_delta": pa.array(deltas, type=pa.int64())}
+
+
+def _binary_array(buf: np.ndarray, position: np.ndarray, lengths: np.ndarray):
+    """An Arrow binary array of each record's key or value (`lengths[i]` bytes at
+    `position[i]`), a null where the length is -1."""
+    import pyarrow as pa
+    count = len(lengths)
+    shares = np.maximum(lengths, 0)
+    data = _select(buf, position, shares)
+    offsets = np.zeros(count + 1, dtype=np.int32)
+    np.cumsum(shares, out=offsets[1:])
+    nulls = lengths < 0
     validity = pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
-    return {
-        "value": pa.Array.from_buffers(pa.binary(), count, [
-            None, pa.py_buffer(value_offsets), pa.py_buffer(values)]),
-        "key": pa.Array.from_buffers(pa.binary(), count, [
-            validity, pa.py_buffer(key_offsets), pa.py_buffer(keys)],
-            null_count=int(nulls.sum())),
-        "timestamp": pa.array(stamps + base_ts, type=pa.int64()),
-        "offset_delta": pa.array(deltas, type=pa.int64())}
+    return pa.Array.from_buffers(pa.binary(), count, [
+        validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=int(nulls.sum()))
 
 
 def _read_uvarints(buf: np.ndarray, position: np.ndarray):
@@ -344,6 +344,8 @@ def _decode_headers(body: bytes, position: int):
         name = str(body[position:position + name_length], "utf-8")
         position += name_length
         value_length, position = _varint(body, position)
+        if value_length < -1:
+            raise ValueError(f"header value length {value_length}")
         value = None
         if value_length >= 0:
             value = body[position:position + value_length]

@@ -2,8 +2,8 @@
 
 Strategy: pure functions from columns to bytes, no I/O. `encode_columns` is the general
 path, one Python loop per record with the varints of small numbers from a table;
-`encode_arrays` builds the same bytes with NumPy for records without headers or null
-values but keys (the common Fetch case); `encode_batch` and `encode_control_batch` are for
+`encode_arrays` builds the same bytes with NumPy for records without headers (the
+common Fetch case); `encode_batch` and `encode_control_batch` are for
 KafkaRecords and transaction markers. Encoding never compresses: the consumer is on the
 other end of a socket the daemon serves locally, and the cost of compression is the
 daemon's CPU.
@@ -130,10 +130,11 @@ def encode_control_batch(offset: int, timestamp_ms: int, commit: bool,
 def encode_arrays(base_offset: int, timestamps_ms, key_lengths, keys, value_lengths,
                   values, *, producer_id: int = -1, producer_epoch: int = -1,
                   base_sequence: int = -1) -> bytes:
-    """The batch `encode_columns` makes for records without headers, offset deltas
-    0..n-1 and no nulls but keys (key length -1), built with NumPy from the columns a
-    log batch already has: `keys` and `values` are the concatenated bytes (null keys
-    take none). Byte for byte the same as encode_columns (tests check it).
+    """The batch `encode_columns` makes for records without headers and offset deltas
+    0..n-1, built with NumPy from the columns a log batch already has: a length of -1
+    is a null key or value (Kafka's varint -1), and `keys` and `values` are the
+    concatenated bytes (nulls take none). Byte for byte the same as encode_columns
+    (tests check it).
 
     Strategy: every varint of every record is computed at once (zigzag, byte count,
     then one pass per byte position); record sizes give each record's start; keys and
@@ -147,7 +148,7 @@ def encode_arrays(base_offset: int, timestamps_ms, key_lengths, keys, value_leng
     fields = [_zigzag_array(stamps - base_ts), _zigzag_array(np.arange(count, dtype=np.int64)),
               _zigzag_array(key_lengths), _zigzag_array(value_lengths)]
     sizes = [_varint_sizes(z) for z in fields]
-    key_bytes, value_bytes = np.maximum(key_lengths, 0), value_lengths
+    key_bytes, value_bytes = np.maximum(key_lengths, 0), np.maximum(value_lengths, 0)
     body = 2 + sizes[0] + sizes[1] + sizes[2] + key_bytes + sizes[3] + value_bytes
     length = _zigzag_array(body)
     length_size = _varint_sizes(length)

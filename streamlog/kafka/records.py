@@ -71,9 +71,9 @@ class KafkaRecord:
 class Batch:
     """One decoded batch: the header fields a broker acts on, and its records as
     parallel columns (what an append takes): Python lists, or, from
-    `record_decoding.decode_batches(as_arrays=True)` when no record has headers or a
-    null value, Arrow arrays in `arrays` ({"value", "key", "timestamp" (ms)}) and the
-    lists None. `records` gives them one by one either way."""
+    `record_decoding.decode_batches(as_arrays=True)` when no record has headers, Arrow
+    arrays in `arrays` ({"value", "key", "timestamp" (ms)}; a null key or value is an
+    Arrow null) and the lists None. `records` gives them one by one either way."""
 
     base_offset: int
     attributes: int

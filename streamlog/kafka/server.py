@@ -53,6 +53,7 @@ from .broker import NODE_ID, Broker, Endpoint
 from .codec import Request, build, encode_response, response_schema
 from .errors import ErrorCode, KafkaProtocolError, UnsupportedRequest
 from .groups import Coordinator
+from .transactions import TxnError
 
 _LOG = logging.getLogger("streamlog.kafka")
 SASL_USER = "streamlog"
@@ -166,6 +167,8 @@ class KafkaServer:
         while True:
             await asyncio.sleep(_TICK_S)
             self.coordinator.tick()
+            if self.broker is not None and self.broker.transactions.has_open():
+                await self._run(self.broker.transactions.expire)
 
     def _run(self, function, *args):
         return asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
@@ -488,6 +491,70 @@ class KafkaServer:
 
     async def _on_CreatePartitions(self, request: Request, session: _Session):
         return await self._run(admin.create_partitions_answer, request, self.broker)
+
+
+    # -- handlers: transactions (transactions.py) ------------------------------------
+
+    async def _on_AddPartitionsToTxn(self, request: Request, session: _Session):
+        body = request.body
+        places = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
+        codes = await self._run(_txn_call, self.broker.transactions.add_partitions,
+                                body.v3_and_below_transactional_id,
+                                body.v3_and_below_producer_id,
+                                body.v3_and_below_producer_epoch, places,
+                                self.broker.partition_count)
+        if isinstance(codes, ErrorCode):
+            codes = dict.fromkeys(places, codes)
+        return build(response_schema(request), results_by_topic_v3_and_below=[
+            {"name": t.name, "results_by_partition": [
+                {"partition_index": p, "partition_error_code": codes[(t.name, p)]}
+                for p in t.partitions]} for t in body.v3_and_below_topics])
+
+    async def _on_AddOffsetsToTxn(self, request: Request, session: _Session):
+        body = request.body
+        code = await self._run(_txn_call, self.broker.transactions.add_offsets,
+                               body.transactional_id, body.producer_id, body.producer_epoch,
+                               body.group_id)
+        return build(response_schema(request), error_code=code or ErrorCode.none)
+
+    async def _on_TxnOffsetCommit(self, request: Request, session: _Session):
+        body = request.body
+        generation = getattr(body, "generation_id", -1)
+        commits = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata)
+                   for t in body.topics for p in t.partitions]
+        codes = ErrorCode.none
+        if generation >= 0:  # a member of the group (KIP-447): its generation checked
+            codes = self.coordinator.check_commit(body.group_id, generation,
+                                                  getattr(body, "member_id", ""))
+        if codes == ErrorCode.none:
+            codes = await self._run(_txn_call, self.broker.transactions.commit_offsets,
+                                    body.transactional_id, body.producer_id,
+                                    body.producer_epoch, body.group_id, commits,
+                                    self.broker.partition_count)
+        if isinstance(codes, ErrorCode):
+            codes = {(topic, partition): codes for topic, partition, _o, _m in commits}
+        return build(response_schema(request), topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index,
+                 "error_code": codes[(t.name, p.partition_index)]} for p in t.partitions]}
+            for t in body.topics])
+
+    async def _on_EndTxn(self, request: Request, session: _Session):
+        body = request.body
+        code = await self._run(_txn_call, self.broker.transactions.end,
+                               body.transactional_id, body.producer_id, body.producer_epoch,
+                               body.committed)
+        return build(response_schema(request), error_code=code or ErrorCode.none)
+
+
+def _txn_call(method, *args):
+    """A coordinator call: its result, or its refusal's ErrorCode."""
+    try:
+        return method(*args)
+    except TxnError as error:
+        _LOG.warning("kafka_txn_refused", extra={"fields": {
+            "call": method.__name__, "error": str(error)}})
+        return error.code
 
 
 class _AuthFailed(_Closing):

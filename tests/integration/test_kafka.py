@@ -530,14 +530,6 @@ def test_admin_lists_topics_and_a_regex_subscription_reads_the_matching_ones(dae
     assert got == {"clicks.web": sent["clicks.web"], "clicks.app": sent["clicks.app"]}
 
 
-def test_transactional_producer_gets_a_clear_error(daemon):
-    producer = Producer({**confluent_conf(daemon.kafka_port), "transactional.id": "tx-1"})
-    with pytest.raises(KafkaException) as caught:
-        producer.init_transactions(10)
-    assert caught.value.args[0].code() == \
-        confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-
-
 def _raw_exchange(port: int, payload: bytes, timeout_s: float = 5) -> bytes:
     """Send `payload` on a fresh connection; everything the daemon sends until it
     closes (or until the timeout)."""

@@ -195,6 +195,48 @@ def test_configs_and_the_cluster_are_described(daemon):
         python.close()
 
 
+def test_records_and_topics_deleted_partitions_added(daemon):
+    port = daemon.kafka_port
+    admin = AdminClient(conf(port))
+    wait_all(admin.create_topics([NewTopic("admin-d", 1, 1)]))
+    produce(port, "admin-d", 30, partition=0)
+    (deleted,) = wait_all(admin.delete_records([TopicPartition("admin-d", 0, 12)])).values()
+    assert deleted.low_watermark == 12
+    consumer = Consumer({**conf(port), "group.id": "g-d", "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition("admin-d", 0, confluent_kafka.OFFSET_BEGINNING)])
+    got = consume(consumer, 18)
+    assert [m.offset() for m in got] == list(range(12, 30))
+    consumer.close()
+    with pytest.raises(KafkaException) as caught:  # past the end
+        wait_all(admin.delete_records([TopicPartition("admin-d", 0, 99)]))
+    assert caught.value.args[0].code() == KafkaError.OFFSET_OUT_OF_RANGE
+
+    wait_all(admin.create_partitions([NewPartitions("admin-d", 3)]))
+    assert len(admin.list_topics("admin-d", timeout=10).topics["admin-d"].partitions) == 3
+    produce(port, "admin-d", 5, partition=2)
+    with pytest.raises(KafkaException) as caught:  # fewer is refused
+        wait_all(admin.create_partitions([NewPartitions("admin-d", 2)]))
+    assert caught.value.args[0].code() == KafkaError.INVALID_PARTITIONS
+
+    wait_all(admin.delete_topics(["admin-d"]))
+    assert "admin-d" not in admin.list_topics(timeout=10).topics
+    wait_all(admin.create_topics([NewTopic("admin-d", 1, 1)]))  # again, from offset 0
+    produce(port, "admin-d", 1, partition=0)
+    low, high = Consumer({**conf(port), "group.id": "x"}).get_watermark_offsets(
+        TopicPartition("admin-d", 0), timeout=10)
+    assert (low, high) == (0, 1)
+    with pytest.raises(KafkaException):
+        wait_all(admin.delete_topics(["__consumer_offsets"]))
+    python = python_admin(port)
+    try:
+        python.create_topics([kafka.admin.NewTopic("admin-p", 1, 1)])
+        python.create_partitions({"admin-p": kafka.admin.NewPartitions(2)})
+        python.delete_topics(["admin-p"])
+        assert "admin-p" not in python.list_topics()
+    finally:
+        python.close()
+
+
 def test_max_timestamp_names_the_record_with_the_largest_timestamp(daemon):
     port = daemon.kafka_port
     admin = AdminClient(conf(port))
