@@ -202,6 +202,11 @@ PAIRS = [
     Pair("kafka", "confluent-kafka consume", "kafka_consume_rps", "rec/s",
          "streamlog client: records replay, same run", "ours_consume_rps",
          targets=("kafka consume >= 0.5x our client's",), target_ratio=0.5, chart=True),
+    Pair("kafka", "confluent-kafka produce, transactional, a commit per 1,000",
+         "kafka_txn_produce_rps", "rec/s", "confluent-kafka produce, idempotent, same run",
+         "kafka_idempotent_produce_rps",
+         targets=("transactional produce (commit per 1,000) >= 0.5x idempotent produce",),
+         target_ratio=0.5, chart=True),
     # cec: the CEC paper's evaluation; peers in the same run, the paper's figures quoted.
     Pair("cec", "operator with CEC (G_OPEN), 1-record windows", "throughput_fast_gopen_rps",
          "rec/s", "no checkpointing, same run", "throughput_fast_none_rps",
