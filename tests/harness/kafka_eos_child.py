@@ -42,6 +42,7 @@ def main() -> int:
     ends = {p: consumer.get_watermark_offsets(TopicPartition("in", p), timeout=10)[1]
             for p in partitions}
     rewind(consumer, partitions)
+    idle = 0
     while True:
         positions = {tp.partition: tp.offset for tp in consumer.position(
             [TopicPartition("in", p) for p in partitions])}
@@ -52,7 +53,11 @@ def main() -> int:
                 return 0
         messages = consumer.consume(batch, timeout=0.5)
         if not messages:
+            idle += 1
+            if idle % 20 == 0:  # (what a stuck run was waiting for, for its test)
+                print(f"idle: positions {positions} ends {ends}", file=sys.stderr)
             continue
+        idle = 0
         try:
             producer.begin_transaction()
             for message in messages:

@@ -189,27 +189,46 @@ def test_aiokafka_transactional_producer(daemon):
 def test_pipeline_and_daemon_killed_at_random_keep_exactly_once(tmp_path):
     kills = int(os.environ.get("STREAMLOG_TXN_KILLS", "4"))
     rng = random.Random(int(os.environ.get("STREAMLOG_TXN_SEED", "7")))
-    inputs, batch = 800 * kills, 10  # enough transactions to outlast the kills
     serve = ServeProcess(tmp_path / "log", "--scrub-mib-per-s", "0", token=TOKEN,
                          kafka_port="0")
     port = serve.kafka_port
     create(port, "in", 2)
     create(port, "out", 3)
-    producer = Producer({**conf(port), "acks": "all", "enable.idempotence": True})
-    for i in range(inputs):
-        producer.produce("in", value=b"v%05d" % i, partition=i % 2)
-    assert producer.flush(30) == 0
-    done, killed, daemon_kills, started = False, 0, 0, time.monotonic()
+    inputs = 0
+
+    def more_inputs(count: int = 1500) -> None:
+        """Input record i is "v<i>" in partition i % 2, at offset i // 2."""
+        nonlocal inputs
+        producer = Producer({**conf(port), "acks": "all", "enable.idempotence": True})
+        for i in range(inputs, inputs + count):
+            producer.produce("in", value=b"v%06d" % i, partition=i % 2)
+        assert producer.flush(30) == 0
+        inputs += count
+
+    def finished(child, timeout_s: float) -> int:
+        try:
+            code = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait(10)
+        log = (tmp_path / "child.log").read_text(errors="replace")
+        assert code in (0, 3), f"exit {code}: {log[-3000:]}"
+        return code
+
+    more_inputs()
+    killed, daemon_kills, started = 0, 0, time.monotonic()
     try:
-        while not done:
-            child = subprocess.Popen([sys.executable, CHILD, str(port), TOKEN, str(batch)],
-                                     stderr=subprocess.PIPE, text=True)
-            if killed < kills:
-                try:
-                    child.wait(rng.uniform(0.3, 2.5))
-                except subprocess.TimeoutExpired:
-                    pass
-            if child.poll() is None and killed < kills:
+        while True:
+            with open(tmp_path / "child.log", "w") as log:  # (not a pipe: never full)
+                child = subprocess.Popen([sys.executable, CHILD, str(port), TOKEN, "10"],
+                                         stderr=log)
+            if killed == kills:  # the last run, to the end
+                if finished(child, 300) == 0:
+                    break
+                continue
+            try:
+                child.wait(rng.uniform(0.3, 2.5))
+            except subprocess.TimeoutExpired:
                 killed += 1
                 last = killed == kills and daemon_kills == 0  # (at least one daemon kill)
                 if rng.random() < 0.35 or last:  # the daemon, then the pipeline it served
@@ -222,10 +241,8 @@ def test_pipeline_and_daemon_killed_at_random_keep_exactly_once(tmp_path):
                                          token=TOKEN, kafka_port=str(port))
                 _check_in_step(port, inputs)
                 continue
-            code = child.wait(120)
-            stderr = child.stderr.read()
-            assert code in (0, 3), stderr[-2000:]
-            done = code == 0
+            if finished(child, 0) == 0:  # done before its kill: more input for the next
+                more_inputs()
         outputs = _check_in_step(port, inputs)
         assert len(outputs) == inputs
     finally:
@@ -245,5 +262,5 @@ def _check_in_step(port: int, inputs: int) -> list:
     committed = group_offsets(port, "eos")
     expected = {(p, o) for p in (0, 1) for o in range(committed.get(("in", p), 0))}
     assert set(seen) == expected
-    assert all(v == b"v%05d" % (2 * o + p) for (p, o), (_p, _o, v) in zip(seen, sources))
+    assert all(v == b"v%06d" % (2 * o + p) for (p, o), (_p, _o, v) in zip(seen, sources))
     return outputs
