@@ -38,6 +38,7 @@ machine is shared and noisy: read the ratios, measured in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -197,12 +198,12 @@ def run(args) -> tuple[dict, list[str]]:
                 failures)
         attempt("kafka_produce",
                 lambda: measure("kafka_produce", kafka_produce, port, url, data), failures)
-        attempt("kafka_idempotent_produce", lambda: measure(
-            "kafka_idempotent_produce", kafka_produce_sequenced, port, url, data,
-            "idempotent", transactional=False), failures)
-        attempt("kafka_txn_produce", lambda: measure(
-            "kafka_txn_produce", kafka_produce_sequenced, port, url, data, "txn",
-            transactional=True), failures)
+        for name, transactional in (("kafka_idempotent_produce", False),
+                                    ("kafka_txn_produce", True)):
+            attempt(name, lambda name=name, transactional=transactional: measure(
+                name, functools.partial(kafka_produce_sequenced,
+                                        transactional=transactional),
+                port, url, data, name), failures)
         attempt("ours_consume", lambda: measure("ours_consume", ours_consume, url, n),
                 failures)
         attempt("kafka_consume",
