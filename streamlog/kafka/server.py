@@ -4,10 +4,12 @@ Strategy: one task per connection reads bytes into a `FrameReader` (codec.py), p
 each request, answers it and writes the response, one request at a time in the order
 they came (Kafka requires responses in request order on a connection). The answers
 come from `Broker` (broker.py, run on a thread pool: appends fsync, reads touch
-segments) and from the group `Coordinator` (groups.py, on the event loop: JoinGroup
-and SyncGroup wait for the other members). The shell owns only what is about sockets
-and time: authentication state, the long-poll wait of Fetch, the idle timeout, the
-groups' timer.
+segments; its transaction coordinator, transactions.py, too), from the group
+`Coordinator` (groups.py, on the event loop: JoinGroup and SyncGroup wait for the other
+members) and from admin.py (the admin APIs: what touches the group coordinator on the
+event loop, what changes the log on the thread pool). The shell owns only what is about
+sockets and time: authentication state, the long-poll wait of Fetch, the idle timeout,
+the groups' timer and the transactions' timeouts.
 
 Authentication (DESIGN 9): with auth "plain" a connection may send only ApiVersions,
 SaslHandshake and SaslAuthenticate until it has authenticated with SASL/PLAIN as user
