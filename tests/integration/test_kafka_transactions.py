@@ -2,7 +2,7 @@
 confluent-kafka's transactional producer and consume-transform-produce loop
 (init_transactions, send_offsets_to_transaction, commit_transaction), aiokafka's
 transactional producer; fencing, the transaction timeout; and SIGKILLs of the pipeline
-and the daemon at random moments (STREAMLOG_TXN_KILLS, default 4 to keep the suite
+and the daemon at random moments (STREAMLOG_TXN_KILLS, default 3 to keep the suite
 short; the 50-kill run sets it): every input record's output exactly once for a read_committed consumer, and the
 committed input offsets in step with the outputs."""
 
@@ -187,7 +187,7 @@ def test_aiokafka_transactional_producer(daemon):
 
 
 def test_pipeline_and_daemon_killed_at_random_keep_exactly_once(tmp_path):
-    kills = int(os.environ.get("STREAMLOG_TXN_KILLS", "4"))
+    kills = int(os.environ.get("STREAMLOG_TXN_KILLS", "3"))
     rng = random.Random(int(os.environ.get("STREAMLOG_TXN_SEED", "7")))
     serve = ServeProcess(tmp_path / "log", "--scrub-mib-per-s", "0", token=TOKEN,
                          kafka_port="0")

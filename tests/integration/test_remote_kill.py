@@ -22,7 +22,7 @@ import pytest
 
 import streamlog
 
-TRIALS = int(os.environ.get("STREAMLOG_KILL_TRIALS", 24))
+TRIALS = int(os.environ.get("STREAMLOG_KILL_TRIALS", 16))
 PARTITIONS = 4
 
 WRITER = r"""
