@@ -163,3 +163,24 @@ def test_list_offsets_max_timestamp_is_the_first_record_with_the_largest(tmp_pat
     with streamlog.open_log(tmp_path / "log") as log:  # the same after a reopen
         assert Broker(log)._list_offset("t", 0, -3, committed=False) == {
             "offset": offset, "timestamp": top // 1000}
+
+
+def test_max_timestamp_is_a_data_record_when_a_marker_holds_the_largest(tmp_path):
+    """A transaction's commit marker is stamped at append time, after its data's event
+    times: MAX_TIMESTAMP still names the data record with the largest timestamp."""
+    with streamlog.open_log(tmp_path / "log") as log:
+        log.create_stream("t", 1)
+        log.append_batch_sync("t", [b"a", b"b", b"c"], partition=0,
+                              timestamps_us=[5_000, 9_000, 7_000])
+        txn = log.new_txn_id()
+        log.append_batch_sync("t", [b"d", b"e"], partition=0, txn_id=txn,
+                              timestamps_us=[8_000, 9_000])
+        log.commit_txn("t", 0, txn)  # stamped now: far past 9 ms
+        assert Broker(log)._list_offset("t", 0, -3, committed=False) == {
+            "offset": 1, "timestamp": 9}
+        only = log.new_txn_id()
+        log.create_stream("u", 1)
+        log.append_batch_sync("u", [b"x"], partition=0, txn_id=only, timestamps_us=[1_000])
+        log.abort_txn("u", 0, only)
+        assert Broker(log)._list_offset("u", 0, -3, committed=False) == {
+            "offset": 0, "timestamp": 1}
