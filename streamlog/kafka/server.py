@@ -429,12 +429,8 @@ class KafkaServer:
         if code == ErrorCode.none:
             codes = await self._run(self.broker.commit_offsets, body.group_id, commits)
         else:
-            codes = {(topic, partition): code for topic, partition, _o, _m in commits}
-        return build(response_schema(request), topics=[
-            {"name": t.name, "partitions": [
-                {"partition_index": p.partition_index,
-                 "error_code": codes[(t.name, p.partition_index)]} for p in t.partitions]}
-            for t in body.topics])
+            codes = code
+        return _commit_answer(request, codes)
 
     async def _on_OffsetFetch(self, request: Request, session: _Session):
         body = request.body
@@ -533,13 +529,7 @@ class KafkaServer:
                                     body.transactional_id, body.producer_id,
                                     body.producer_epoch, body.group_id, commits,
                                     self.broker.partition_count)
-        if isinstance(codes, ErrorCode):
-            codes = {(topic, partition): codes for topic, partition, _o, _m in commits}
-        return build(response_schema(request), topics=[
-            {"name": t.name, "partitions": [
-                {"partition_index": p.partition_index,
-                 "error_code": codes[(t.name, p.partition_index)]} for p in t.partitions]}
-            for t in body.topics])
+        return _commit_answer(request, codes)
 
     async def _on_EndTxn(self, request: Request, session: _Session):
         body = request.body
@@ -547,6 +537,18 @@ class KafkaServer:
                                body.transactional_id, body.producer_id, body.producer_epoch,
                                body.committed)
         return build(response_schema(request), error_code=code or ErrorCode.none)
+
+
+def _commit_answer(request: Request, codes):
+    """OffsetCommit's and TxnOffsetCommit's answer: each asked partition with its code
+    from `codes` ({(topic, partition): code}, or one code for all)."""
+    def code_of(topic: str, partition: int):
+        return codes if isinstance(codes, ErrorCode) else codes[(topic, partition)]
+    return build(response_schema(request), topics=[
+        {"name": t.name, "partitions": [
+            {"partition_index": p.partition_index,
+             "error_code": code_of(t.name, p.partition_index)} for p in t.partitions]}
+        for t in request.body.topics])
 
 
 def _txn_call(method, *args):

@@ -238,10 +238,7 @@ class TransactionCoordinator:
             txn.last_outcome = commit
 
     def _commit(self, txn: Transaction) -> None:
-        parts = [(topic, number, txn.partitions[(topic, number)])
-                 for topic, number in sorted(txn.written)]
-        if txn.offsets:
-            parts.append((OFFSETS_STREAM, 0, txn.offsets_txn))
+        parts = _written_parts(txn)
         try:
             if parts:
                 self.log.commit_txns(parts, tag=f"kafka:{txn.transactional_id}")
@@ -254,10 +251,7 @@ class TransactionCoordinator:
         self._clear(txn)
 
     def _abort(self, txn: Transaction) -> None:
-        parts = [(topic, number, txn.partitions[(topic, number)])
-                 for topic, number in sorted(txn.written)]
-        if txn.offsets:
-            parts.append((OFFSETS_STREAM, 0, txn.offsets_txn))
+        parts = _written_parts(txn)
         for topic, number, txn_id in parts:
             try:
                 self.log.abort_txn(topic, number, txn_id)
@@ -305,3 +299,13 @@ class TransactionCoordinator:
             return [{"transactional_id": t.transactional_id, "producer_id": t.producer_id,
                      "epoch": t.epoch, "partitions": sorted(t.partitions)}
                     for t in self._table.values() if t.ongoing]
+
+
+def _written_parts(txn: Transaction) -> list[tuple[str, int, int]]:
+    """(stream, partition, log txn id) of what the transaction wrote: the partitions
+    with data, and its offsets in __consumer_offsets when it committed any."""
+    parts = [(topic, number, txn.partitions[(topic, number)])
+             for topic, number in sorted(txn.written)]
+    if txn.offsets:
+        parts.append((OFFSETS_STREAM, 0, txn.offsets_txn))
+    return parts
