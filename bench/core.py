@@ -33,8 +33,9 @@ streamlog (one stream, one partition):
                          another; append_batched_mb_s counts key + value bytes.
   append_columns_rps     fsync="always", append_columns of the same records as Arrow
                          record batches of 8,192 rows (value, key, timestamp; built before
-                         the clock starts), awaited one after another;
-                         append_columns_mb_s counts key + value bytes.
+                         the clock starts), up to 4 in flight (as a pipeline with a
+                         bounded queue keeps them); append_columns_mb_s counts key + value
+                         bytes.
   disk_fsync_mb_s        the physical limit in the same run: as many bytes as the records'
                          keys and values, rounded up to whole preallocated 1 MiB buffers,
                          each written with os.write to a file in the work dir and fsynced;
@@ -42,10 +43,14 @@ streamlog (one stream, one partition):
                          over it.
   append_concurrent_rps  fsync="always", 1,000 asyncio tasks each awaiting log.append of
                          one record in a loop, until append_concurrent_records are in (at
-                         most 200,000 and at most 60 s, whichever comes first).
+                         most 200,000 and at most 60 s, whichever comes first): an asyncio
+                         service's appends. append_concurrent10_rps: the same with 10
+                         tasks (at most 50,000 records and 20 s): at most 10 records can
+                         share an fsync, so the disk's fsync latency bounds it.
   append_producer_rps    fsync="always", every record sent alone with log.producer(...)
                          .send (handles dropped), then flush(): single records at
-                         group-commit speed (streamlog/producer.py).
+                         group-commit speed (streamlog/producer.py); the baseline of the
+                         awaited single appends above (append_concurrent_vs_producer).
   replay_records_rps     reader.records() over the batched log, as Record objects.
   replay_arrow_rps       reader.arrow() over the same log, counting rows.
   timestamp_seek_ms      median time from log.reader(from_timestamp_us=T) to its first
@@ -67,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -95,9 +101,10 @@ KEY_BYTES = 16
 VALUE_BYTES = 100
 BATCH = 1_000
 COLUMNS_BATCH = 8_192
-CONCURRENT_TASKS = 1_000
-CONCURRENT_RECORDS_MAX = 200_000
-CONCURRENT_SECONDS_MAX = 60.0
+COLUMNS_IN_FLIGHT = 4
+# (tasks, records at most, seconds at most, figure): the awaited single appends
+CONCURRENT_RUNS = ((1_000, 200_000, 60.0, "append_concurrent"),
+                   (10, 50_000, 20.0, "append_concurrent10"))
 SEEKS = 20
 REOPEN_VALUE_BYTES = 1_000
 REOPEN_BATCH = 4_096
@@ -343,9 +350,9 @@ async def append_batched(path: Path, data: Dataset, fsync: str) -> float:
     return seconds
 
 
-async def append_concurrent(path: Path, data: Dataset, total: int,
+async def append_concurrent(path: Path, data: Dataset, tasks: int, total: int,
                             seconds_max: float) -> tuple[int, float]:
-    """CONCURRENT_TASKS tasks, each awaiting single-record appends; return (records, s)."""
+    """`tasks` tasks, each awaiting single-record appends; return (records, s)."""
     log = open_log(path, fsync="always")
     log.create_stream(STREAM, partitions=1)
     next_index = done = 0
@@ -361,7 +368,7 @@ async def append_concurrent(path: Path, data: Dataset, total: int,
             done += 1
 
     watch = Stopwatch()
-    await asyncio.gather(*(appender() for _ in range(CONCURRENT_TASKS)))
+    await asyncio.gather(*(appender() for _ in range(tasks)))
     seconds = watch.elapsed
     await log.aclose()
     return done, seconds
@@ -393,14 +400,20 @@ def arrow_batches(data: Dataset, size: int) -> list:
 
 
 async def append_columns(path: Path, record_batches: list, fsync: str) -> tuple[int, float]:
-    """append_columns of each record batch, awaited before the next; return (records, s)."""
+    """append_columns of each record batch, COLUMNS_IN_FLIGHT at a time (the next starts
+    as the oldest is acknowledged); return (records, s)."""
     log = open_log(path, fsync=fsync)
     log.create_stream(STREAM, partitions=1)
     appended = 0
+    in_flight: collections.deque = collections.deque()
     watch = Stopwatch()
     for batch in record_batches:
-        result = await log.append_columns(STREAM, batch, partition=0)
-        appended += result.records
+        if len(in_flight) == COLUMNS_IN_FLIGHT:
+            appended += (await in_flight.popleft()).records
+        in_flight.append(asyncio.ensure_future(log.append_columns(STREAM, batch,
+                                                                  partition=0)))
+    for pending in in_flight:
+        appended += (await pending).records
     seconds = watch.elapsed
     await log.aclose()
     return appended, seconds
@@ -412,7 +425,7 @@ def measure_columns(work: Path, data: Dataset, figures: dict) -> None:
     remove(path)
     record_batches = arrow_batches(data, COLUMNS_BATCH)
     with phase(f"streamlog: append_columns x {len(record_batches):,} Arrow batches of"
-               f" {COLUMNS_BATCH:,}, fsync=always"):
+               f" {COLUMNS_BATCH:,}, {COLUMNS_IN_FLIGHT} in flight, fsync=always"):
         appended, seconds = asyncio.run(append_columns(path, record_batches, "always"))
     if appended != n:
         raise RuntimeError(f"append_columns acknowledged {appended:,} of {n:,} records")
@@ -471,19 +484,20 @@ def measure_disk(work: Path, data: Dataset, figures: dict) -> None:
     remove(path)
 
 
-def measure_concurrent(work: Path, data: Dataset, figures: dict, concurrent_max: int,
-                       concurrent_seconds: float) -> None:
-    count = min(len(data), concurrent_max)
-    concurrent_path = work / "concurrent"
-    remove(concurrent_path)
-    with phase(f"streamlog: {CONCURRENT_TASKS:,} concurrent appenders, up to {count:,}"
-               f" records or {concurrent_seconds:.0f} s, fsync=always"):
-        done, seconds = asyncio.run(
-            append_concurrent(concurrent_path, data, count, concurrent_seconds))
-    figures["append_concurrent_rps"] = rate(done, seconds)
-    figures["append_concurrent_records"] = done
-    progress(f"streamlog: concurrent append {figures['append_concurrent_rps']:,.0f} rec/s")
-    remove(concurrent_path)
+def measure_concurrent(work: Path, data: Dataset, figures: dict, scale: int) -> None:
+    for tasks, records_max, seconds_max, name in CONCURRENT_RUNS:
+        count = min(len(data), records_max // scale)
+        path = work / "concurrent"
+        remove(path)
+        with phase(f"streamlog: {tasks:,} tasks awaiting single appends, up to {count:,}"
+                   f" records or {seconds_max / scale:.0f} s, fsync=always"):
+            done, seconds = asyncio.run(
+                append_concurrent(path, data, tasks, count, seconds_max / scale))
+        figures[f"{name}_rps"] = rate(done, seconds)
+        figures[f"{name}_records"] = done
+        progress(f"streamlog: {tasks:,} tasks, single appends {figures[f'{name}_rps']:,.0f}"
+                 f" rec/s")
+        remove(path)
 
 
 def measure_producer(work: Path, data: Dataset, figures: dict) -> None:
@@ -717,6 +731,8 @@ RATIOS = {
     "append_vs_sqlite": ("append_batched_rps", "sqlite_append_rps"),
     "append_vs_lmdb": ("append_batched_rps", "lmdb_append_rps"),
     "append_concurrent_vs_baseline": ("append_concurrent_rps", "baseline_append_rps"),
+    "append_concurrent_vs_producer": ("append_concurrent_rps", "append_producer_rps"),
+    "append_concurrent10_vs_producer": ("append_concurrent10_rps", "append_producer_rps"),
     "append_producer_vs_batched": ("append_producer_rps", "append_batched_rps"),
     "append_columns_vs_baseline": ("append_columns_rps", "baseline_append_rps"),
     "append_columns_vs_batched": ("append_columns_rps", "append_batched_rps"),
@@ -744,6 +760,7 @@ ROWS = [
     Row("streamlog append, columns", "append_columns_mb_s", "MB/s", DISK_RATIOS),
     Row("disk write + fsync, 1 MiB", "disk_fsync_mb_s", "MB/s", DISK_RATIOS),
     Row("streamlog append, 1000 concurrent", "append_concurrent_rps", "rec/s", APPEND_RATIOS),
+    Row("streamlog append, 10 concurrent", "append_concurrent10_rps", "rec/s", APPEND_RATIOS),
     Row("streamlog producer, single sends", "append_producer_rps", "rec/s", APPEND_RATIOS),
     Row("plain file replay", "baseline_replay_rps", "rec/s", REPLAY_RATIOS),
     Row("sqlite replay", "sqlite_replay_rps", "rec/s", REPLAY_RATIOS),
@@ -781,6 +798,8 @@ TARGETS = [
     Target("columnar append >= 2x LMDB", lambda f: f["append_columns_vs_lmdb"] >= 2.0),
     Target("producer single sends >= 0.2x batched append",
            lambda f: f["append_producer_vs_batched"] >= 0.2),
+    Target("awaited single appends, 1,000 tasks >= 0.5x producer single sends",
+           lambda f: f["append_concurrent_vs_producer"] >= 0.5),
     Target("records replay >= 0.8x the plain file baseline",
            lambda f: f["replay_records_vs_baseline"] >= 0.8),
     Target("Arrow replay >= 3,000,000 rec/s", lambda f: f["replay_arrow_rps"] >= 3e6),
@@ -851,8 +870,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
                 ("disk fsync limit", lambda: measure_disk(work, data, figures)),
                 ("producer", lambda: measure_producer(work, data, figures)),
                 ("concurrent append", lambda: measure_concurrent(
-                    work, data, figures, CONCURRENT_RECORDS_MAX // scale,
-                    CONCURRENT_SECONDS_MAX / scale)),
+                    work, data, figures, scale)),
                 ("replay and seek", lambda: measure_replays(work, data, figures)),
                 ("seek on the N/10 log", lambda: measure_small_seek(work, data, figures)),
                 ("reopen after kill", lambda: measure_reopen(

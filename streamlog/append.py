@@ -11,7 +11,10 @@ named one, a key's stable hash, or round robin for records without a key) and cu
 partition's share into frame-sized pieces. `Log.submit` (sync, async, or with a waiter
 the writer resolves) is then the one door to the partitions' writers: Log's own appends,
 the Producer, the daemon and the Kafka listener all come through it, and it takes the
-transaction checks (txn_jobs.check_appendable) on the way in.
+transaction checks (txn_jobs.check_appendable) on the way in. The one exception is a
+plain single record awaited with Log.append (`plain`: no headers, no transaction),
+which joins its event loop's batch for the partition (coalesce.py), whose pieces reach
+the same writer.
 
 Pure but for the clock and the round-robin counters (one per stream, under a lock).
 """
@@ -84,25 +87,53 @@ class AppendRules:
 
     def one(self, stream: str, count: int, value, key, timestamp_us, partition, headers,
             kind, txn_id: int) -> Submission:
-        """A single record: the common case (a tombstone, value None, among it) checked
-        inline, the rest through the general checks (which give the same errors)."""
-        if ((type(value) is bytes or value is None) and (key is None or type(key) is bytes)
-                and (timestamp_us is None or type(timestamp_us) is int
-                     and INT64_MIN < timestamp_us <= INT64_MAX)
-                and not headers and kind == RecordKind.DATA and txn_id == 0
-                and (partition is None or type(partition) is int and 0 <= partition < count)
-                and record_bytes(value, key) <= self.config.record_bytes_max):
-            if partition is None:
-                partition = self.route(stream, [key], count).popitem()[0]
-            if timestamp_us is None:
-                timestamp_us = self.clock.wall_us()
-            size = record_bytes(value, key) + RECORD_OVERHEAD_BYTES
-            return Submission(stream, {partition: [Piece([timestamp_us], [key], [value],
-                                                         None, None, size, 0)]})
+        """A single record: the common case through `plain`, the rest through the
+        general checks (which give the same errors)."""
+        plain = self.plain(stream, count, value, key, timestamp_us, partition, headers,
+                           kind, txn_id)
+        if plain is not None:
+            number, timestamp_us, size = plain
+            return Submission(stream, {number: [Piece([timestamp_us], [key], [value],
+                                                      None, None, size, 0)]})
         return self.rows(stream, count, [value], [key],
                          None if timestamp_us is None else [timestamp_us], partition,
                          [headers] if headers else None,
                          None if kind == RecordKind.DATA else [kind], txn_id)
+
+    def plain(self, stream: str, count: int, value, key, timestamp_us, partition,
+              headers, kind, txn_id: int) -> tuple[int, int, int] | None:
+        """A plain single record (bytes or None, no headers, a data record outside any
+        transaction, within the limits), checked inline: (partition, timestamp, size as
+        a piece counts it). None for anything else, which `one` checks the general way.
+        (Once per record from Log.append: the checks in the order that fails fastest.)"""
+        if headers or kind or txn_id:  # (RecordKind.DATA is 0)
+            return None
+        if type(value) is bytes:
+            size = len(value)
+        elif value is None:
+            size = 0
+        else:
+            return None
+        if key is not None:
+            if type(key) is not bytes:
+                return None
+            size += len(key)
+        if size > self.config.record_bytes_max:
+            return None
+        if timestamp_us is None:
+            timestamp_us = self.clock.wall_us()
+        elif type(timestamp_us) is not int or not INT64_MIN < timestamp_us <= INT64_MAX:
+            return None
+        if partition is None:
+            if count == 1:
+                partition = 0
+            elif key is not None:
+                partition = partition_for_key(key, count)
+            else:
+                partition = self.route(stream, [key], count).popitem()[0]
+        elif type(partition) is not int or not 0 <= partition < count:
+            return None
+        return partition, timestamp_us, size + RECORD_OVERHEAD_BYTES
 
     def rows(self, stream: str, count: int, values, keys, timestamps_us, partition,
              headers, kinds, txn_id: int) -> Submission:

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import threading
 
+from . import coalesce
 from .config import FsyncPolicy, LogConfig
 from .encoder import Compressor, Piece, encode_commit
 from .errors import LogClosed, PartitionFailed, UnknownStream
@@ -94,10 +95,22 @@ def resolve_on_loops(entries) -> None:
 
 
 def _resolve_futures(items) -> None:
+    """On the loop: resolve each waiter's future; a list of futures (a coalesce.Batch's
+    records) gets the first offset + the record's index."""
     for future, result, error in items:
-        if future.done():
+        if type(future) is list:
+            if error is not None:
+                for each in future:
+                    if not each.done():
+                        each.set_exception(error)
+            else:
+                for each in future:
+                    if not each.done():
+                        each.set_result(result)
+                    result += 1
+        elif future.done():
             continue
-        if error is not None:
+        elif error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)
@@ -114,6 +127,8 @@ class Appender:
         self._queue: collections.deque[Pending] = collections.deque()
         self._queued_bytes = 0
         self._space_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        # each event loop's awaited single appends, gathered per turn (coalesce.py)
+        self.singles: dict[asyncio.AbstractEventLoop, coalesce.Singles] = {}
         self._closing = False
         self._dirty = False
         self._last_fsync = self.partition.clock.monotonic_s()
@@ -149,6 +164,20 @@ class Appender:
                 self._space_waiters.append((loop, future))
             await future
 
+    def offer(self, piece, waiter, loop: asyncio.AbstractEventLoop, retry) -> bool:
+        """Queue `piece` from an event loop without waiting: False (nothing queued)
+        while the in-flight window is full, and `retry()` runs on the loop once the
+        writer has taken some."""
+        pending = Pending([piece], waiter, piece.nbytes)
+        with self._cond:
+            if not self._full(pending) or self._closing or self.failed is not None:
+                self._enqueue_locked(pending)
+                return True
+            future = loop.create_future()
+            future.add_done_callback(lambda _: retry())
+            self._space_waiters.append((loop, future))
+            return False
+
     def _full(self, pending: Pending) -> bool:
         if not self._queue:
             return False  # an oversize append still goes through, alone
@@ -169,6 +198,7 @@ class Appender:
 
     def close(self) -> None:
         """Drain the queue, fsync, stop the thread."""
+        coalesce.hand_over(self.singles)
         with self._cond:
             self._closing = True
             self._cond.notify_all()

@@ -139,15 +139,22 @@ def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
     frames: list[EncodedFrame] = []
     firsts: list[int] = []
     merged: list = []
+    count = size = 0  # of the merged pieces: kept as they grow, not summed again
     offset, hwm, running = end_offset, hwm_us, end_offset
+    records_max, bytes_max = config.batch_records_max, config.frame_bytes_max // 2
     for pieces in appends:
         firsts.append(running)
-        running += sum(piece.record_count for piece in pieces)
         for piece in pieces:
-            if merged and not fits(merged, piece, config):
+            records = piece.record_count
+            running += records
+            if merged and not (joins(merged[0], piece) and count + records <= records_max
+                               and size + piece.nbytes <= bytes_max):
                 frames.append(encode_one(merged, offset, hwm, compressor))
-                offset, hwm, merged = frames[-1].next_offset, frames[-1].hwm_after, []
+                offset, hwm, merged, count, size = (frames[-1].next_offset,
+                                                    frames[-1].hwm_after, [], 0, 0)
             merged.append(piece)
+            count += records
+            size += piece.nbytes
     if merged:
         frames.append(encode_one(merged, offset, hwm, compressor))
         offset, hwm = frames[-1].next_offset, frames[-1].hwm_after
@@ -155,22 +162,17 @@ def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
     return EncodedCommit(frames, firsts, offset, hwm)
 
 
-def fits(pieces: list, piece, config: LogConfig) -> bool:
-    """Can `piece` join the frame of `pieces`? Only a piece of the same kind (Piece, or
-    columnar EncodedRows) under the same transaction, within the bounds, and neither
-    stamped: a stamp describes its frame's records and no others."""
-    if piece.txn_id != pieces[0].txn_id or type(piece) is not type(pieces[0]):
-        return False
-    if piece.producer is not None or pieces[0].producer is not None:
-        return False
-    count = sum(p.record_count for p in pieces) + piece.record_count
-    size = sum(p.nbytes for p in pieces) + piece.nbytes
-    return count <= config.batch_records_max and size <= config.frame_bytes_max // 2
+def joins(first, piece) -> bool:
+    """Can `piece` join a frame that starts with `first` (bounds aside)? Only a piece of
+    the same kind (Piece, or columnar EncodedRows) under the same transaction, and
+    neither stamped: a stamp describes its frame's records and no others."""
+    return (piece.txn_id == first.txn_id and type(piece) is type(first)
+            and piece.producer is None and first.producer is None)
 
 
 def encode_one(pieces: list, offset: int, hwm: int | None,
                compressor: Compressor) -> EncodedFrame:
-    """Encode pieces (that `fits` merged) as one frame at `offset`."""
+    """Encode pieces (that `joins` merged, within the bounds) as one frame at `offset`."""
     txn_id, producer = pieces[0].txn_id, pieces[0].producer
     assert producer is None or len(pieces) == 1
     if isinstance(pieces[0], EncodedRows):

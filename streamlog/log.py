@@ -5,12 +5,15 @@ writers (directory.py; locks.py: several processes may write one log, each commi
 holding its partition's lock) and opens every partition, which runs its recovery. The
 Log turns every append into a Submission (append.py: the records checked, routed to
 partitions and cut into frames) and hands it to the partitions' writers through its
-one door, `submit` (sync, async, or with a waiter); it creates readers, and waits at a
-partition's end (waits.py). Every public method checks its arguments and raises
+one door, `submit` (sync, async, or with a waiter); a plain record awaited with
+`append` joins its event loop's batch for the partition instead (coalesce.py: one
+append per turn of the loop, however many tasks await). It creates readers, and waits
+at a partition's end (waits.py). Every public method checks its arguments and raises
 `InvalidArgument` (also a ValueError) with a sentence naming what was wrong. The
-transaction operations are in log_txn.py, maintenance and holds in log_admin.py, a
-view's refresh and the waits at a partition's end in log_follow.py, opening,
-deleting and resizing streams in log_admin.py.
+transaction operations are in log_txn.py; maintenance, holds, opening, deleting and
+resizing streams and the doors of what runs beside the log (the Kafka listener's
+stamped batches, the daemon's prepared ones) in log_admin.py; a view's refresh and the
+waits at a partition's end in log_follow.py.
 
 Thread-safety: appends and readers may be used from many threads and event loops at
 once; create_stream, delete_stream, add_partitions, truncate_after, apply_retention
@@ -33,7 +36,6 @@ from .clock import SYSTEM_CLOCK
 from .config import LogConfig
 from .errors import (Fenced, InternalStream, InvalidArgument, LogClosed, ReadOnlyLog, StoreBacklogFull,
                      UnknownStream)
-from .frame import ProducerStamp
 from .locks import WriterRegistry
 from .log_admin import AdminOperations
 from .log_follow import FollowOperations
@@ -274,11 +276,26 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
     async def append(self, stream: str, value, *, key=None, timestamp_us=None,
                      partition=None, headers=None, kind=RecordKind.DATA,
                      txn_id: int = 0) -> RecordPosition:
-        """Append one record; returns where it landed once durable under the policy."""
-        submission = self._rules.one(stream, len(self._writable(stream)), value, key,
-                                     timestamp_us, partition, headers, kind, txn_id)
-        (first,) = await self._firsts_async(submission)
-        return RecordPosition(next(iter(submission.pieces)), first)
+        """Append one record; returns where it landed once durable under the policy.
+        Plain records awaited from many tasks at once go to the writer together, one
+        batch per turn of the event loop (coalesce.py)."""
+        partitions = self._streams.get(stream) if type(stream) is str else None
+        if (partitions is None or self.closed or self._gone or self.readonly
+                or layout.is_internal(stream)):  # (the checks _writable makes, first)
+            partitions = self._writable(stream)
+        plain = self._rules.plain(stream, len(partitions), value, key, timestamp_us,
+                                  partition, headers, kind, txn_id)
+        if plain is None:
+            submission = self._rules.one(stream, len(partitions), value, key,
+                                         timestamp_us, partition, headers, kind, txn_id)
+            (first,) = await self._firsts_async(submission)
+            return RecordPosition(next(iter(submission.pieces)), first)
+        number, timestamp_us, size = plain
+        part = partitions[number]
+        if self.tiering is not None:
+            self._admit(Submission(stream, {number: []}))  # fenced, the store's backlog
+        offset = await part.append_one(timestamp_us, key, value, size)
+        return tuple.__new__(RecordPosition, (number, offset))  # (faster than its __new__)
 
     def append_sync(self, stream: str, value, *, key=None, timestamp_us=None, partition=None,
                     headers=None, kind=RecordKind.DATA, txn_id: int = 0) -> RecordPosition:
@@ -303,56 +320,6 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         return self.submit(self._rules.rows(
             stream, len(self._writable(stream)), values, keys, timestamps_us, partition,
             headers, kinds, txn_id))
-
-    def append_stamped_sync(self, stream: str, partition: int, producer: ProducerStamp, *,
-                            data=None, values=None, keys=None, timestamps_us=None,
-                            headers=None, txn_id: int = 0) -> AppendResult:
-        """Append one Kafka producer's batch as one frame that carries its stamp
-        (frame.py: producer id, epoch, base sequence), from which the Kafka listener
-        rebuilds its producers' state (kafka/producer_state.py). The records come as
-        append_columns' `data` or as append_batch's `values` (with `keys`,
-        `timestamps_us`, `headers`), not both, under the open transaction `txn_id`
-        (0: none). Local only (api.LOCAL_ONLY): the Kafka listener runs beside the log.
-
-        Returns:
-            AppendResult once durable, as append_batch.
-        Raises:
-            InvalidAppend when the records do not fit one frame (frame_bytes_max,
-            batch_records_max; nothing is appended), and as append_batch and
-            append_columns do; InvalidArgument for a bad stamp or partition.
-        """
-        return self.submit(self._rules.stamped(
-            stream, len(self._writable(stream)), partition, producer, data=data,
-            values=values, keys=keys, timestamps_us=timestamps_us, headers=headers,
-            txn_id=txn_id))
-
-    async def append_prepared(self, stream: str, partition: int, piece) -> AppendResult:
-        """Append records already in the form a partition's writer takes, as one frame:
-        the daemon's APPEND path (wire/session.py), which checks a received batch as
-        NumPy columns, so its records are not checked again one by one as
-        append_batch would. The log still checks, at C or NumPy speed, every bound a
-        frame and a transaction need. Local only (api.LOCAL_ONLY): a daemon's client
-        sends records (append_batch, append_columns).
-
-        Args:
-            partition: the partition's number.
-            piece: a payload.EncodedRows (data records in payload form) or an
-                encoder.Piece (records as lists, control kinds allowed except those
-                only the log writes), with its timestamps, appended under its txn_id
-                (0: no transaction). No producer stamp (append_stamped_sync).
-        Returns:
-            AppendResult: {partition: (first, last offset)} once durable.
-        Raises:
-            InvalidAppend for a piece that does not fit one frame (more than
-            batch_records_max records, or nbytes over frame_bytes_max / 2), a record
-            over record_bytes_max, a timestamp outside int64's range above its minimum
-            or a kind only the log writes; nothing is appended. InvalidArgument for a
-            bad partition or piece, or a transaction that has ended; ProducerFenced
-            for a fenced producer's transaction; UnknownStream, ReadOnlyLog, LogClosed,
-            PartitionFailed.
-        """
-        return await self.submit_async(self._rules.prepared(
-            stream, len(self._writable(stream)), partition, piece))
 
     def producer(self, stream: str, **options):
         """Returns a Producer of `stream` (producer.py): records sent one at a time,
@@ -568,6 +535,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
             part.close(seal=last)
 
     async def aclose(self) -> None:
+        await asyncio.sleep(0)  # this loop's single appends go to their writers first
         await asyncio.to_thread(self.close)
 
     def __enter__(self) -> "Log":

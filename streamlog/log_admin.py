@@ -1,6 +1,7 @@
 """A Log's maintenance: opening, deleting and resizing streams, truncate, retention,
-delete_records, durable holds, the scrubber, info and stats, and the door to
-streamlog's own streams. Part of class Log (log.py).
+delete_records, durable holds, the scrubber, info and stats, and the doors of what
+runs beside the log (streamlog's own streams, the Kafka listener's stamped batches, the
+daemon's prepared ones). Part of class Log (log.py).
 
 Strategy: truncate_after, retention and delete_records run as jobs on each partition's
 writer thread, under its commit lock (partition.py, maintenance.py); durable holds are
@@ -29,6 +30,7 @@ import os
 from . import directory, holds as holds_module, layout, validate
 from .errors import (CorruptIndex, Fenced, InternalStream, InvalidArgument, OffsetOutOfRange,
                      ReadOnlyLog, StoreError, UnknownStream)
+from .frame import ProducerStamp
 from .index_storage import wipe_index
 from .records import AppendResult
 from .scrub import read_scrub_status
@@ -308,6 +310,56 @@ class AdminOperations:
         return self.submit(self._rules.rows(
             stream, len(self._partitions(stream)), values, keys, None, partition, None,
             None, txn_id)._replace(internal=True))
+
+    def append_stamped_sync(self, stream: str, partition: int, producer: ProducerStamp, *,
+                            data=None, values=None, keys=None, timestamps_us=None,
+                            headers=None, txn_id: int = 0) -> AppendResult:
+        """Append one Kafka producer's batch as one frame that carries its stamp
+        (frame.py: producer id, epoch, base sequence), from which the Kafka listener
+        rebuilds its producers' state (kafka/producer_state.py). The records come as
+        append_columns' `data` or as append_batch's `values` (with `keys`,
+        `timestamps_us`, `headers`), not both, under the open transaction `txn_id`
+        (0: none). Local only (api.LOCAL_ONLY): the Kafka listener runs beside the log.
+
+        Returns:
+            AppendResult once durable, as append_batch.
+        Raises:
+            InvalidAppend when the records do not fit one frame (frame_bytes_max,
+            batch_records_max; nothing is appended), and as append_batch and
+            append_columns do; InvalidArgument for a bad stamp or partition.
+        """
+        return self.submit(self._rules.stamped(
+            stream, len(self._writable(stream)), partition, producer, data=data,
+            values=values, keys=keys, timestamps_us=timestamps_us, headers=headers,
+            txn_id=txn_id))
+
+    async def append_prepared(self, stream: str, partition: int, piece) -> AppendResult:
+        """Append records already in the form a partition's writer takes, as one frame:
+        the daemon's APPEND path (wire/session.py), which checks a received batch as
+        NumPy columns, so its records are not checked again one by one as
+        append_batch would. The log still checks, at C or NumPy speed, every bound a
+        frame and a transaction need. Local only (api.LOCAL_ONLY): a daemon's client
+        sends records (append_batch, append_columns).
+
+        Args:
+            partition: the partition's number.
+            piece: a payload.EncodedRows (data records in payload form) or an
+                encoder.Piece (records as lists, control kinds allowed except those
+                only the log writes), with its timestamps, appended under its txn_id
+                (0: no transaction). No producer stamp (append_stamped_sync).
+        Returns:
+            AppendResult: {partition: (first, last offset)} once durable.
+        Raises:
+            InvalidAppend for a piece that does not fit one frame (more than
+            batch_records_max records, or nbytes over frame_bytes_max / 2), a record
+            over record_bytes_max, a timestamp outside int64's range above its minimum
+            or a kind only the log writes; nothing is appended. InvalidArgument for a
+            bad partition or piece, or a transaction that has ended; ProducerFenced
+            for a fenced producer's transaction; UnknownStream, ReadOnlyLog, LogClosed,
+            PartitionFailed.
+        """
+        return await self.submit_async(self._rules.prepared(
+            stream, len(self._writable(stream)), partition, piece))
 
     def start_scrubber(self, *, bytes_per_s: int | None = None, on_result=None):
         """Re-verify sealed segments in the background (scrub.py) at `bytes_per_s` (or

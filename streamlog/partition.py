@@ -14,8 +14,8 @@ read-only view's refresh. Everyone else reads whichever value they took, through
     maintenance.py truncate_after and retention (their file work, crash-safe)
 
 What the rest of the library sees is narrow: the log's side (`submit`, `submit_async`,
-`run_job`, the jobs), the readers' side (`state`, `view`, `ring`, holds, `poll`) and
-closing. Nothing above the storage core gets a Partition (ARCHITECTURE.md).
+`append_one`, `run_job`, the jobs), the readers' side (`state`, `view`, `ring`, holds,
+`poll`) and closing. Nothing above the storage core gets a Partition (ARCHITECTURE.md).
 
 States (`status`): "open"; "failed" (a write or fsync failed: appends are refused until
 the log is reopened, reads go on); "closed".
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from . import catchup, holds, maintenance, opening, refresh, txn_jobs
+from . import catchup, coalesce, holds, maintenance, opening, refresh, txn_jobs
 from .appender import Appender, Pending, Waiter, roll_if_due
 from .clock import SYSTEM_CLOCK
 from .config import LogConfig
@@ -164,10 +164,13 @@ class Partition:
         return waiter.wait()
 
     async def submit_async(self, pieces) -> int:
-        writer = self._writer()
         waiter = Waiter(asyncio.get_running_loop())
-        await writer.submit_async(Pending(pieces, waiter, sum(p.nbytes for p in pieces)))
+        await self._writer().submit_async(Pending(pieces, waiter, sum(p.nbytes for p in pieces)))
         return await waiter.future
+
+    def append_one(self, timestamp_us: int, key, value, nbytes: int) -> asyncio.Future:
+        """From an event loop: one plain record, batched per turn (coalesce.py)."""
+        return coalesce.append(self._writer(), timestamp_us, key, value, nbytes)
 
     def submit_then(self, pieces, waiter) -> None:
         """Queue without waiting: the writer thread resolves `waiter` (Log.submit_then)."""
@@ -354,20 +357,18 @@ class Partition:
         self.ring.close()
 
     def close_if_idle(self) -> bool:
-        """Close unless a reader holds it (a reader on another thread may be reading
-        its files now); True when closed."""
-        if self.lowest_reader_hold() is None:
+        """Close unless a reader (on any thread) holds it; True when closed."""
+        idle = self.lowest_reader_hold() is None
+        if idle:
             self.close()
-            return True
-        return False
+        return idle
 
     # -- closing --------------------------------------------------------------------
 
     @property
     def status(self) -> str:
-        if self.closed:
-            return "closed"
-        return "failed" if self._state.failed is not None else "open"
+        return ("closed" if self.closed else "failed" if self._state.failed is not None
+                else "open")
 
     def stop_writing(self) -> None:
         """Drain the queued appends, fsync, stop the writer thread. Idempotent."""
