@@ -327,7 +327,7 @@ class Appender:
             state = part.state
             segment, position = state.segments.active, state.active_position
             assert segment.size_bytes == position
-            written_at = segment.append(encoded.data)
+            written_at = segment.append(encoded.buffers)
             assert written_at == position
             self.stats["writes"] += 1
             end = position + encoded.nbytes
@@ -346,7 +346,7 @@ class Appender:
                 events += frame.events
                 batches.append((frame.base_offset, frame.tail_columns(position),
                                 frame.hwm_before))
-                position += len(frame.data)
+                position += frame.nbytes
             part.index.put(entries, recovery, events)  # persist, then forward
             part.publish_end(encoded.next_offset, encoded.hwm_us, end)
             part.ring.publish(batches, encoded.next_offset)

@@ -18,13 +18,17 @@ import numpy as np
 import zstandard
 
 from .config import Compression, LogConfig
-from .frame import (CODEC_ZSTD, FLAG_HAS_PRODUCER, Frame, ProducerStamp, encode_frame,
-                    encode_frame_from_parts, payload_start)
+from .frame import (CODEC_ZSTD, FLAG_HAS_NULLS, FLAG_HAS_PRODUCER, Frame, ProducerStamp,
+                    encode_frame, frame_buffers)
 from .index import IndexEntry
 from .payload import (NO_TIME, Columns, EncodedRows, advance_hwm, compress, data_timestamps,
                       decode_columns, encode_payload_columns, encoded_flags, encoded_parts)
 from .txn import frame_events
 
+# Columnar pieces share a frame up to this size; a larger one is a frame of its own,
+# written from its buffers as they are (no payload joined), and handed to the live tail
+# as columns without decoding it again.
+COLUMNS_MERGE_BYTES = 256 * 1024
 # Below this payload size zstd is not tried: a frame header's worth of saving at most.
 COMPRESS_MIN_BYTES = 512
 # After a frame that zstd did not shrink enough, this many frames go uncompressed
@@ -54,14 +58,15 @@ class Piece:
 class EncodedFrame(NamedTuple):
     """One frame ready to write, and what the partition records about it."""
 
-    data: bytes | memoryview  # the whole frame, header and stored payload
+    buffers: list  # the whole frame, header and stored payload: these, concatenated
+    nbytes: int  # the frame's size
     base_offset: int
     record_count: int
     hwm_before: int | None  # running max timestamp before this frame
     hwm_after: int | None
     min_timestamp_us: int
     max_timestamp_us: int
-    raw: bytes | memoryview  # the uncompressed payload
+    raw: bytes | memoryview | None  # the uncompressed payload (None: buffers[1:])
     flags: int  # as a reader of the frame sees them (codec aside)
     txn_id: int
     events: list  # transaction events for the index (txn.frame_events)
@@ -74,19 +79,20 @@ class EncodedFrame(NamedTuple):
 
     def index_entry(self, segment_base: int, position: int) -> IndexEntry:
         return IndexEntry(self.base_offset, segment_base, position, self.record_count,
-                          len(self.data), self.min_timestamp_us, self.max_timestamp_us,
+                          self.nbytes, self.min_timestamp_us, self.max_timestamp_us,
                           NO_TIME if self.hwm_after is None else self.hwm_after)
 
     def as_read(self, position: int) -> Frame:
         """The frame as a reader of the segment would decode it."""
+        raw = self.raw if self.raw is not None else b"".join(self.buffers[1:])
         return Frame(position, self.base_offset, self.record_count, self.min_timestamp_us,
-                     self.max_timestamp_us, self.txn_id, self.flags, len(self.raw),
-                     self.raw, self.producer)
+                     self.max_timestamp_us, self.txn_id, self.flags, len(raw), raw,
+                     self.producer)
 
     def tail_columns(self, position: int) -> Columns:
         """The records as a reader decodes them, for the live tail: the columns the
-        encoding made when it has them (records as lists), else decoded from the raw
-        payload (columnar pieces: one large frame, decoded once)."""
+        encoding made when it has them (records as lists, a columnar piece alone in its
+        frame), else decoded from the raw payload (small columnar pieces merged)."""
         if self.columns is not None:
             return self.columns
         return decode_columns(self.as_read(position))
@@ -100,14 +106,14 @@ class EncodedCommit(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return sum(len(frame.data) for frame in self.frames)
+        return sum(frame.nbytes for frame in self.frames)
 
     @property
-    def data(self) -> bytes | memoryview:
-        """The frames as one buffer (the one frame itself when there is one: no copy)."""
-        if len(self.frames) == 1:
-            return self.frames[0].data
-        return b"".join(frame.data for frame in self.frames)
+    def buffers(self) -> list:
+        """The frames as buffers to write, in order, with one gathered write (none
+        joined: a columnar piece's key and value bytes are written from the caller's
+        Arrow buffers themselves)."""
+        return [buffer for frame in self.frames for buffer in frame.buffers]
 
 
 class Compressor:
@@ -120,11 +126,20 @@ class Compressor:
 
     def maybe_compress(self, raw) -> bytes:
         """`raw` itself when it is not compressed, else the smaller stored payload."""
-        if self.mode is Compression.NONE or len(raw) < COMPRESS_MIN_BYTES:
-            return raw
+        return self.compressed(raw) if self.tries(len(raw)) else raw
+
+    def tries(self, size: int) -> bool:
+        """Is zstd to be tried on a payload of `size` bytes now? (Compression.AUTO
+        counts this as one of the frames it skips after one that did not pay.)"""
+        if self.mode is Compression.NONE or size < COMPRESS_MIN_BYTES:
+            return False
         if self.mode is Compression.AUTO and self._skip > 0:
             self._skip -= 1
-            return raw
+            return False
+        return True
+
+    def compressed(self, raw) -> bytes:
+        """The stored payload zstd makes of `raw`, or `raw` when that does not pay."""
         packed = compress(raw, self._zstd)
         if packed is None:
             self._skip = ZSTD_SKIP_FRAMES  # it did not pay; try again a little later
@@ -142,13 +157,16 @@ def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
     count = size = 0  # of the merged pieces: kept as they grow, not summed again
     offset, hwm, running = end_offset, hwm_us, end_offset
     records_max, bytes_max = config.batch_records_max, config.frame_bytes_max // 2
+    columns_max = min(bytes_max, COLUMNS_MERGE_BYTES)
     for pieces in appends:
         firsts.append(running)
         for piece in pieces:
             records = piece.record_count
             running += records
             if merged and not (joins(merged[0], piece) and count + records <= records_max
-                               and size + piece.nbytes <= bytes_max):
+                               and size + piece.nbytes <= (
+                                   columns_max if type(piece) is EncodedRows
+                                   else bytes_max)):
                 frames.append(encode_one(merged, offset, hwm, compressor))
                 offset, hwm, merged, count, size = (frames[-1].next_offset,
                                                     frames[-1].hwm_after, [], 0, 0)
@@ -176,37 +194,50 @@ def encode_one(pieces: list, offset: int, hwm: int | None,
     txn_id, producer = pieces[0].txn_id, pieces[0].producer
     assert producer is None or len(pieces) == 1
     if isinstance(pieces[0], EncodedRows):
-        # Columns: the parts are copied once, straight into the frame, whose payload
-        # is then the raw payload too (compressed only if that pays).
+        # Columns: the frame is the header and the pieces' own buffers, written as they
+        # are, unless zstd is tried (then the payload is joined once, to compress).
         count, min_ts, max_ts = _encoded_bounds(pieces)
         flags = encoded_flags(pieces)
-        data = encode_frame_from_parts(base_offset=offset, record_count=count,
-                                       min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                                       txn_id=txn_id, flags=flags,
-                                       parts=encoded_parts(pieces), producer=producer)
-        raw, data_max_ts, kinds, value_at = (
-            memoryview(data)[payload_start(data):], max_ts, None, None)
-        columns = None
+        parts = encoded_parts(pieces)
+        tried = compressor.tries(sum(memoryview(part).nbytes for part in parts))
+        raw = b"".join(parts) if tried else None
+        data_max_ts, kinds, value_at = max_ts, None, None
+        columns = _tail_columns(pieces[0], offset, flags) if len(pieces) == 1 else None
     else:
         raw, flags, columns, min_ts, max_ts, data_max_ts, kinds, value_at = (
             _list_payload(pieces, offset, txn_id, producer))
         count = len(columns)
-        data = None
-    stored = compressor.maybe_compress(raw)
-    if data is None or stored is not raw:
+        tried = compressor.tries(len(raw))
+    stored = compressor.compressed(raw) if tried else raw
+    if stored is None:
+        buffers = frame_buffers(base_offset=offset, record_count=count,
+                                min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                                txn_id=txn_id, flags=flags, parts=parts, producer=producer)
+    else:
         stored_flags = flags | CODEC_ZSTD if stored is not raw else flags
-        data = encode_frame(base_offset=offset, record_count=count,
-                            min_timestamp_us=min_ts, max_timestamp_us=max_ts,
-                            txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
-                            payload=stored, producer=producer)
-        assert len(data) == payload_start(data) + len(stored)
+        buffers = [encode_frame(base_offset=offset, record_count=count,
+                                min_timestamp_us=min_ts, max_timestamp_us=max_ts,
+                                txn_id=txn_id, flags=stored_flags, raw_bytes=len(raw),
+                                payload=stored, producer=producer)]
     if producer is not None:
         flags |= FLAG_HAS_PRODUCER  # as decode_frame gives it to readers of the tail
     # control records never move the high-water mark (payload.py)
     hwm_after = advance_hwm(hwm, data_max_ts)
     events = frame_events(txn_id, offset, kinds, value_at)
-    return EncodedFrame(data, offset, count, hwm, hwm_after, min_ts, max_ts, raw, flags,
-                        txn_id, events, producer, columns)
+    nbytes = sum(memoryview(buffer).nbytes for buffer in buffers)
+    return EncodedFrame(buffers, nbytes, offset, count, hwm, hwm_after, min_ts, max_ts, raw,
+                        flags, txn_id, events, producer, columns)
+
+
+def _tail_columns(piece: EncodedRows, offset: int, flags: int) -> Columns:
+    """A columnar piece's records as the live tail takes them, without decoding its
+    frame: the piece's own small columns (columnar.py made them, none is a caller's
+    array, which the caller may reuse once the append returns) and views of the key and
+    value bytes in its Arrow buffers (immutable)."""
+    return Columns(offset, piece.timestamps_us, None, piece.key_lengths,
+                   piece.value_lengths, None, memoryview(piece.keys).cast("B"),
+                   memoryview(piece.values).cast("B"), None, piece.txn_id,
+                   producer=piece.producer, nulls=bool(flags & FLAG_HAS_NULLS))
 
 
 def _list_payload(pieces: list[Piece], offset: int, txn_id: int, producer):

@@ -22,6 +22,9 @@ import mmap
 import os
 from typing import Protocol
 
+# buffers one gathered write takes at most (IOV_MAX)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
 
 class FileIO(Protocol):
     """What storage code asks of a file system. Paths are strings; a handle is an int
@@ -32,6 +35,9 @@ class FileIO(Protocol):
     def size(self, handle: int) -> int: ...
     def pread(self, handle: int, size: int, position: int) -> bytes: ...
     def pwrite(self, handle: int, data, position: int) -> None: ...
+    def pwritev(self, handle: int, buffers: list, position: int) -> None:
+        """pwrite of the buffers' concatenation (one gathered write where the system
+        has one: the buffers are not joined first)."""
     def fsync(self, handle: int) -> None: ...
     def truncate(self, handle: int, size: int) -> None: ...
     def listdir(self, path: str) -> list[str]: ...
@@ -97,6 +103,18 @@ class OsFileIO:
         while view:
             written = os.pwrite(handle, view, position)
             view, position = view[written:], position + written
+
+    def pwritev(self, handle: int, buffers: list, position: int) -> None:
+        views = [view for view in (memoryview(b).cast("B") for b in buffers) if view.nbytes]
+        at = 0
+        while at < len(views):  # (a write may stop short, or exceed IOV_MAX buffers)
+            written = os.pwritev(handle, views[at:at + _IOV_MAX], position)
+            position += written
+            while at < len(views) and written >= views[at].nbytes:
+                written -= views[at].nbytes
+                at += 1
+            if written:
+                views[at] = views[at][written:]
 
     def fsync(self, handle: int) -> None:
         os.fdatasync(handle) if hasattr(os, "fdatasync") else os.fsync(handle)

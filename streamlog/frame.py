@@ -230,11 +230,24 @@ def encode_frame(*, base_offset: int, record_count: int, min_timestamp_us: int,
 def encode_frame_from_parts(*, base_offset: int, record_count: int, min_timestamp_us: int,
                             max_timestamp_us: int, txn_id: int, flags: int,
                             parts: list,
-                            producer: ProducerStamp | None = None) -> bytearray:
-    """encode_frame of an uncompressed payload given as buffers to concatenate: each is
-    copied once, straight into the frame (no joined payload first). The payload is
-    memoryview(frame)[payload_start(frame):]."""
-    size = sum(memoryview(part).nbytes for part in parts)
+                            producer: ProducerStamp | None = None) -> bytes:
+    """encode_frame of an uncompressed payload given as buffers to concatenate, as one
+    buffer (frame_buffers joined)."""
+    return b"".join(frame_buffers(base_offset=base_offset, record_count=record_count,
+                                  min_timestamp_us=min_timestamp_us,
+                                  max_timestamp_us=max_timestamp_us, txn_id=txn_id,
+                                  flags=flags, parts=parts, producer=producer))
+
+
+def frame_buffers(*, base_offset: int, record_count: int, min_timestamp_us: int,
+                  max_timestamp_us: int, txn_id: int, flags: int, parts: list,
+                  producer: ProducerStamp | None = None) -> list:
+    """encode_frame of an uncompressed payload given as buffers to concatenate, as
+    buffers: the header (with the stamp, if any), then the parts themselves, not
+    copied. The frame is their concatenation (one gathered write: FileIO.pwritev);
+    the payload checksum is computed over the parts in turn."""
+    views = [view for view in (memoryview(part).cast("B") for part in parts) if view.nbytes]
+    size = sum(view.nbytes for view in views)
     assert base_offset >= 0 and record_count >= 1
     assert min_timestamp_us <= max_timestamp_us
     assert flags & ~FLAGS_KNOWN == 0 and flags & CODEC_MASK == 0
@@ -243,20 +256,16 @@ def encode_frame_from_parts(*, base_offset: int, record_count: int, min_timestam
     if producer is not None:
         flags |= FLAG_HAS_PRODUCER
     assert HEADER_BYTES + len(stamp) + size <= FRAME_BYTES_LIMIT
-    frame = bytearray(HEADER_BYTES + len(stamp) + size)
-    view = memoryview(frame)
-    view[HEADER_BYTES:HEADER_BYTES + len(stamp)] = stamp
-    position = HEADER_BYTES + len(stamp)
-    for part in parts:
-        part = memoryview(part).cast("B")
-        view[position:position + part.nbytes] = part
-        position += part.nbytes
-    payload_checksum = xxhash.xxh3_64_intdigest(view[HEADER_BYTES:])
-    HEADER.pack_into(frame, 0, MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
+    hasher = xxhash.xxh3_64(stamp)
+    for view in views:
+        hasher.update(view)
+    head = bytearray(HEADER_BYTES + len(stamp))
+    HEADER.pack_into(head, 0, MAGIC, VERSION, flags, 0, base_offset, min_timestamp_us,
                      max_timestamp_us, txn_id, record_count, len(stamp) + size, size, 0,
-                     payload_checksum, 0)
-    _CHECKED.pack_into(frame, 64, xxhash.xxh3_64_intdigest(view[:64]))
-    return frame
+                     hasher.intdigest(), 0)
+    _CHECKED.pack_into(head, 64, xxhash.xxh3_64_intdigest(memoryview(head)[:64]))
+    head[HEADER_BYTES:] = stamp
+    return [head, *views]
 
 
 def decode_header(buf, position: int = 0) -> FrameHeader | _Incomplete:

@@ -146,7 +146,7 @@ class SegmentDigest:
 
     def update(self, data) -> None:
         self._hasher.update(data)
-        self.size_bytes += len(data)
+        self.size_bytes += memoryview(data).nbytes
 
     def digest(self) -> int:
         return self._hasher.intdigest()

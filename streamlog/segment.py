@@ -32,13 +32,17 @@ class Segment:
         self.closed = False
 
     def append(self, data) -> int:
-        """Write `data` at the end; returns the position it was written at."""
+        """Write `data` at the end, bytes-like or a list of buffers (written as their
+        concatenation, with one gathered write); returns the position it was written
+        at."""
         assert self.writable
         position = self.size_bytes
-        self.fileio.pwrite(self.handle, data, position)
-        self.size_bytes = position + len(data)
+        buffers = data if isinstance(data, list) else [data]
+        self.fileio.pwritev(self.handle, buffers, position)
+        self.size_bytes = position + sum(memoryview(b).nbytes for b in buffers)
         if self.digest is not None:
-            self.digest.update(data)
+            for buffer in buffers:
+                self.digest.update(buffer)
         return position
 
     def adopt_size(self) -> None:

@@ -294,6 +294,9 @@ class StoreFileIO:
 
     # -- no writing ----------------------------------------------------------------------
 
+    def pwritev(self, handle: int, buffers: list, position: int) -> None:  # (joined)
+        self.pwrite(handle, b"".join(buffers), position)
+
     def pwrite(self, handle: int, data, position: int) -> None:
         raise _read_only(self.path_of(handle))
 

@@ -126,8 +126,7 @@ class _EntryChange:
     tree: bool = False  # the rename of a directory: every name under `source` moved
 
     def directories(self) -> tuple[str, ...]:
-        """The directories whose fsync_dir makes the change durable: its own, and for
-        a rename from another directory that one too (one journal transaction)."""
+        """The directories whose fsync_dir makes it durable (a rename's source's too)."""
         if self.source is None:
             return (self.directory,)
         return (self.directory, os.path.dirname(self.source))
@@ -135,9 +134,7 @@ class _EntryChange:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Fault:
-    """An injected EIO; `partial`: a pwrite writes a prefix of its data first."""
-
-    partial: bool
+    partial: bool  # an injected EIO; True: a pwrite writes a prefix of its data first
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -287,6 +284,9 @@ class FaultFileIO:
                                               inode, None))
             self._maybe_crash()
             return handle
+
+    def pwritev(self, handle: int, buffers: list, position: int) -> None:  # (joined)
+        self.pwrite(handle, b"".join(buffers), position)
 
     def pwrite(self, handle: int, data, position: int) -> None:
         with self._lock:

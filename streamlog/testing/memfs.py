@@ -135,6 +135,9 @@ class MemoryFileIO:
                 raise _error(errno.EINVAL, self.path_of(handle))
             return bytes(data[position:position + size])
 
+    def pwritev(self, handle: int, buffers: list, position: int) -> None:  # (joined)
+        self.pwrite(handle, b"".join(buffers), position)
+
     def pwrite(self, handle: int, data, position: int) -> None:
         with self._lock:
             opened = self._handle(handle)
