@@ -287,6 +287,20 @@ PAIRS = [
          "tail_lost_acked", "records", "acknowledged records", "tail_acked_records",
          higher_is_better=False,
          targets=(LOCAL_TARGETS["tail_contract"], LOCAL_TARGETS["tail_ideal"])),
+    # footprint: the command line's start-up and the daemon's memory, idle and after a
+    # flood of hostile connections.
+    Pair("footprint", "streamlog read of a 10-record log, start to exit", "read_startup_ms",
+         "ms", "python -c pass, same run", "python_startup_ms", higher_is_better=False,
+         targets=("read start-up < 150 ms",)),
+    Pair("footprint", "daemon RSS, idle, no --kafka-port", "idle_rss_mib", "MiB",
+         targets=("daemon idle RSS <= 80 MiB (no --kafka-port)",)),
+    Pair("footprint", "daemon RSS, idle, with --kafka-port", "idle_rss_mib_kafka", "MiB",
+         "no --kafka-port, same run", "idle_rss_mib", higher_is_better=False),
+    Pair("footprint", "daemon RSS at the peak of a hostile flood", "flood_peak_rss_mib",
+         "MiB", "idle, before the flood", "flood_idle_rss_mib", higher_is_better=False),
+    Pair("footprint", "daemon RSS 60 s after a hostile flood", "after_flood_60s_rss_mib",
+         "MiB", "idle, before the flood", "flood_idle_rss_mib", higher_is_better=False,
+         targets=("RSS 60 s after a hostile flood within 1.2x of idle",)),
 ]
 
 

@@ -40,11 +40,16 @@ Pure: no I/O, no clock, no event loop; the log supplies the time and the partiti
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
+
+# pyarrow is imported by each function that uses it, not here: it costs about 40 MiB
+# and a tenth of a second, which a process never given Arrow columns (the daemon, the
+# command line) should not pay for.
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from .errors import InvalidAppend
 from .records import RECORD_OVERHEAD_BYTES
@@ -79,6 +84,7 @@ class Rows:
 
     def take(self, indices: np.ndarray) -> "Rows":
         """The rows at `indices`, in that order (Arrow's take: no loop per record)."""
+        import pyarrow as pa
         chosen = pa.array(indices, type=pa.int64())
         return Rows(self.values.take(chosen),
                     None if self.keys is None else self.keys.take(chosen),
@@ -120,6 +126,7 @@ def rows_from(data, *, record_bytes_max: int) -> Rows:
 
 
 def _columns_of(data) -> dict:
+    import pyarrow as pa
     if isinstance(data, (pa.RecordBatch, pa.Table)):
         names = data.schema.names
         if len(set(names)) != len(names):
@@ -135,6 +142,7 @@ def _columns_of(data) -> dict:
 
 
 def _check_no_headers(column) -> None:
+    import pyarrow as pa
     if isinstance(column, np.ndarray) or not isinstance(column, (pa.Array, pa.ChunkedArray)):
         raise InvalidAppend("append_columns does not write headers: append records with "
                             "headers with append_batch(headers=...)")
@@ -146,6 +154,7 @@ def _check_no_headers(column) -> None:
 
 def _one_array(column, name: str) -> pa.Array:
     """An Arrow array (one chunk) of a column given as Array or ChunkedArray."""
+    import pyarrow as pa
     if isinstance(column, pa.Array):
         return column
     if isinstance(column, pa.ChunkedArray):
@@ -163,6 +172,7 @@ def _one_array(column, name: str) -> pa.Array:
 
 def _binary_column(column, name: str) -> pa.Array:
     """A binary or large_binary Array of a value or key column (nulls kept)."""
+    import pyarrow as pa
     if isinstance(column, np.ndarray):
         return _binary_from_numpy(column, name)
     array = _one_array(column, name)
@@ -182,6 +192,7 @@ def _binary_column(column, name: str) -> pa.Array:
 def _binary_from_numpy(array: np.ndarray, name: str) -> pa.Array:
     """A NumPy 'S<n>' array as an Arrow binary array, items as NumPy sees them
     (trailing NUL bytes dropped), gathered with one boolean mask."""
+    import pyarrow as pa
     if array.dtype.kind != "S" or array.ndim != 1:
         hint = (" (NumPy str arrays are UTF-32: use an Arrow string array)"
                 if array.dtype.kind == "U" else "")
@@ -205,6 +216,7 @@ def _binary_from_numpy(array: np.ndarray, name: str) -> pa.Array:
 def _timestamps(column) -> np.ndarray:
     """Microseconds since the epoch as <i8, checked: integers as they are, Arrow
     timestamps and NumPy datetime64 converted by their unit."""
+    import pyarrow as pa
     if isinstance(column, np.ndarray):
         raw, kind = column, column.dtype
         if column.ndim != 1:
@@ -277,6 +289,7 @@ def partition_numbers(rows: Rows, count: int, next_robin: int) -> tuple[np.ndarr
     """Each row's partition as log._assign picks it: a key's xxh3 modulo `count`
     (append.partition_for_key), and round robin from `next_robin` for rows without a
     key. Returns (numbers, the next round-robin position)."""
+    import pyarrow as pa
     assert count >= 1
     n = len(rows)
     numbers = np.empty(n, dtype=np.int64)
@@ -361,6 +374,8 @@ def encode(rows: Rows, txn_id: int, *, frame_bytes_max: int,
 def _payload_column(array: pa.Array) -> tuple[memoryview, np.ndarray, np.ndarray]:
     """(data buffer, offsets into it: int64[n + 1], lengths with -1 for a null) of a key
     or value column, in the payload's form: a null takes no bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     data, offsets = _buffers(array)
     lengths = offsets[1:] - offsets[:-1]
     if array.null_count:
@@ -375,6 +390,7 @@ def _payload_column(array: pa.Array) -> tuple[memoryview, np.ndarray, np.ndarray
 def _buffers(array: pa.Array) -> tuple[memoryview, np.ndarray]:
     """(data buffer, offsets into it: int64[n + 1]) of a binary or large_binary array,
     honouring the array's slice offset."""
+    import pyarrow as pa
     width = 8 if pa.types.is_large_binary(array.type) else 4
     assert width == 8 or pa.types.is_binary(array.type)
     _, offsets_buffer, data_buffer = array.buffers()
@@ -398,6 +414,7 @@ def _null_lengths(array: pa.Array) -> np.ndarray:
 
 
 def _valid(array: pa.Array) -> np.ndarray:
+    import pyarrow.compute as pc
     if not array.null_count:
         return np.ones(len(array), dtype=bool)
     return pc.is_valid(array).to_numpy(zero_copy_only=False)

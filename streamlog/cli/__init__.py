@@ -1,7 +1,10 @@
 """The `streamlog` command line: append, read, info, dump, verify, repair (DESIGN 10).
 
 Strategy: one `argparse` subcommand per verb; each command module has `add(subparsers)`,
-which registers it with its `run(args) -> exit code`, and is listed in `_commands()`.
+which registers it with its `run(args) -> exit code`, and is named in `COMMANDS`. Only
+the module of the command that runs is imported (all of them for the top-level help, or
+for a word that is no command): a `read` loads neither the daemon nor the Kafka
+listener, nor the other commands.
 `main()` is the only place that turns exceptions into exit codes and one-line messages;
 the table of exit codes is the top-level help's epilog (_MAIN_EPILOG), the one place
 users and this code read it from.
@@ -22,6 +25,7 @@ that cannot be reached, or refuses the credentials, is exit 3, as a daemon is.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -32,7 +36,10 @@ from ..errors import (CorruptionError, InvalidArgument, LogLocked, ObjectNotFoun
 from .common import (EXIT_BROKEN_PIPE, EXIT_DAEMON, EXIT_DATA, EXIT_INTERRUPTED, EXIT_USAGE,
                      CliError, DataError, Parser, UsageError, format_timestamp,
                      parse_timestamp, refuse_store)
-from .append import parse_append_line
+
+# The commands in the order the help lists them; each is the module of this package of
+# that name, but `serve`, which is the daemon's (_add_serve).
+COMMANDS = ("append", "read", "info", "dump", "verify", "repair", "serve")
 
 
 def _add_serve(subparsers) -> None:
@@ -45,10 +52,20 @@ def _add_serve(subparsers) -> None:
     add_serve_parser(subparsers).set_defaults(run=run)
 
 
-def _commands():
-    from . import append, dump, info, read, repair, verify
-    # A new subcommand is one more module with `add(subparsers)` here.
-    return (append.add, read.add, info.add, dump.add, verify.add, repair.add, _add_serve)
+def _commands(command: str | None = None):
+    """The `add` functions of `command` alone when it is one of COMMANDS, else of all."""
+    names = (command,) if command in COMMANDS else COMMANDS
+    return [_add_serve if name == "serve" else _command_module(name).add for name in names]
+
+
+def _command_module(name: str):
+    return importlib.import_module(f".{name}", __package__)
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command word of a command line: its first word, unless that is an option (the
+    top level has only -h: `streamlog -h read` asks for the top-level help)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 _MAIN_EPILOG = """\
@@ -85,11 +102,13 @@ Run 'streamlog COMMAND --help' for a command's options and examples.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: with `command` (one of COMMANDS), that command's only
+    (what main builds to run it); else every command's."""
     parser = Parser(prog="streamlog", description="A durable stream log.",
                     epilog=_MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in _commands():
+    for add in _commands(command):
         add(subparsers)
     return parser
 
@@ -139,7 +158,9 @@ def _quiet_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(_command_in(argv)).parse_args(argv)
     _configure_logging(getattr(args, "show_warnings", False))
     try:
         return args.run(args)
@@ -162,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def __getattr__(name: str):
+    if name == "parse_append_line":  # the append command's, imported when asked for
+        from .append import parse_append_line
+        return parse_append_line
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["main", "build_parser", "parse_timestamp", "format_timestamp", "parse_append_line",

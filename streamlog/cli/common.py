@@ -385,8 +385,9 @@ def progress_bar(label: str, total: int | None = None, *, unit: str = "records",
     """A tqdm bar on stderr, disabled unless `enabled` and progress_wanted(); erased
     when closed. Use as a context manager or close() it; `update(n)` adds n. `in_bytes`:
     the unit is bytes, shown as KiB, MiB, ..."""
+    if not (enabled and progress_wanted(writes_stdout=writes_stdout)):
+        return _NoBar()  # (tqdm is not imported: a command that shows none starts sooner)
     from tqdm import tqdm
-    shown = enabled and progress_wanted(writes_stdout=writes_stdout)
     forced = os.environ.get(PROGRESS_ENV, "").strip() == "1"
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
@@ -396,9 +397,27 @@ def progress_bar(label: str, total: int | None = None, *, unit: str = "records",
     fixed = {} if size and size.columns and size.lines else {"ncols": 80, "nrows": 24}
     return tqdm(total=total, desc=label, unit="B" if in_bytes else " " + unit,
                 unit_scale=True, unit_divisor=1024 if in_bytes else 1000,
-                file=sys.stderr, disable=not shown, leave=False, dynamic_ncols=not fixed,
+                file=sys.stderr, leave=False, dynamic_ncols=not fixed,
                 delay=0 if forced else PROGRESS_DELAY_S,
                 mininterval=0 if forced else PROGRESS_EVERY_S, **fixed)
+
+
+class _NoBar:
+    """The bar not shown: what a disabled tqdm bar does (nothing; its `n` stays 0)."""
+
+    n = 0
+
+    def update(self, count: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
 
 
 def segment_bytes(directory: str, fileio=None) -> int:

@@ -33,6 +33,19 @@ Logs are JSON lines (`configure_json_logging`); /healthz and Prometheus /metrics
 plain-HTTP port, without a token, on the same host as the data port. `Listeners` binds
 both ports before the log is opened, so that a port in use fails before the daemon
 creates anything.
+
+Memory after a flood: each connection, refused ones too, holds a receive buffer of
+SCRATCH_BYTES (1 MiB, connection.py). An ended session is a reference cycle (its read
+task keeps the exception that ended it, whose traceback holds the session and its
+channel), so the buffer lives until Python's cycle collector runs, and an idle daemon
+allocates too little to make it run: after a flood of hostile connections every buffer
+stayed. And once freed, a buffer may still not go back to the system: glibc serves the
+first from mmap and gives it back, but then raises its mmap threshold above that size,
+so the buffers of later connections come from the heap, whose freed pages below its top
+it keeps. So once RELEASE_AFTER_ENDED connections have ended and the open ones are down
+to half their peak, the ticker runs `release_freed_memory` on the thread pool: a full
+collection, then glibc's malloc_trim(0). A daemon whose connections come and go at a
+steady count keeps its heap for the next ones.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import functools
+import gc
 import json
 import logging
 import os
@@ -59,6 +73,7 @@ from .stream import Channel
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RATE_WINDOW_S = 10
+RELEASE_AFTER_ENDED = 32  # connections ended (about 32 MiB of buffers) before a release
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +301,9 @@ class LogServer:
         self._next_id = 0
         self._txn_seen: dict[tuple[str, int, int], float] = {}  # first seen open, monotonic
         self._txn_checked = 0.0
+        # Since the freed memory was last released: connections ended, most open at once.
+        self._ended = 0
+        self._peak = 0
 
     async def start(self, listeners: Listeners | None = None) -> None:
         """Serve on `listeners` (bound by `Listeners.bind` before the log was opened), or
@@ -313,7 +331,21 @@ class LogServer:
                     await self.blocking(self.abort_stale_txns, now)
                 except Exception as error:  # noqa: BLE001 - logged; the daemon goes on
                     event(logging.WARNING, "txn_timeout_failed", reason=repr(error))
+            await self._release_memory()
             await asyncio.sleep(1.0)
+
+    async def _release_memory(self) -> None:
+        """Once many connections have ended and the open ones are down to half their
+        peak: give the freed memory back (the module docstring says why)."""
+        open_now = len(self.sessions)
+        if self._ended < RELEASE_AFTER_ENDED or open_now > self._peak // 2:
+            return
+        ended, self._ended, self._peak = self._ended, 0, open_now
+        started = time.monotonic()
+        released = await self.blocking(release_freed_memory)
+        event(logging.INFO, "memory_released", connections_ended=ended,
+              connections=open_now, released=released,
+              seconds=round(time.monotonic() - started, 3))
 
     def abort_stale_txns(self, now: float) -> list[tuple[str, int, int]]:
         """Abort transactions seen open for longer than txn_timeout_s; returns them."""
@@ -353,15 +385,21 @@ class LogServer:
             code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.TOO_MANY_CONNECTIONS
             event(logging.WARNING, "connection_refused", peer=peer, reason=code.name.lower(),
                   connections=len(self.sessions))
-            await _refuse(channel, code, f"daemon refused the connection: {code.name.lower()}")
+            try:
+                await _refuse(channel, code,
+                              f"daemon refused the connection: {code.name.lower()}")
+            finally:
+                self._ended += 1
             return
         session = Session(self, channel, self._next_id, peer)
         self.sessions.add(session)
+        self._peak = max(self._peak, len(self.sessions))
         self.metrics.counters["connections"] += 1
         try:
             await session.run()
         finally:
             self.sessions.discard(session)
+            self._ended += 1
 
     async def drain(self, *, beside=()) -> None:
         """Graceful shutdown; see the module docstring. Idempotent. `beside`:
@@ -415,14 +453,36 @@ class LogServer:
 
 
 async def _refuse(writer: Channel, code: ErrorCode, message: str) -> None:
-    connection = Connection(Role.SERVER)
-    try:
-        writer.write(connection.send(Error(0, int(code), message)))
+    try:  # (the channel's own connection: a second one would be another receive buffer)
+        writer.write(writer.conn.send(Error(0, int(code), message)))
         await asyncio.wait_for(writer.drain(), 1.0)
     except (ConnectionError, asyncio.TimeoutError):
         pass
     finally:
         writer.close()
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library has none)."""
+    import ctypes
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_freed_memory() -> bool:
+    """Free what ended connections left behind: collect the reference cycles that hold
+    their buffers, then give the pages the C heap holds free back to the system
+    (malloc_trim(0)). Returns whether malloc_trim released any; False where the C
+    library has none (not glibc). Blocks the interpreter for the collection: tens of
+    milliseconds."""
+    gc.collect()
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
 
 
 def _peer(writer: Channel) -> str:
