@@ -5,6 +5,8 @@ Command (from the repository root; `./dev bench kafka` runs the same):
 
     .venv/bin/python bench/kafka.py                   # 1,000,000 records
     .venv/bin/python bench/kafka.py --records 200000  # a shorter run
+    .venv/bin/python bench/kafka.py --kafka-consumer fetch.queue.backoff.ms=10
+                                      # kafka_consume with a consumer setting of its own
 
 Writes bench/results/kafka.json (flat: named numbers, plus "command" and "cpu_count"),
 prints progress on stderr and a table with ratios and targets on stdout.
@@ -29,6 +31,20 @@ password); each contender writes its own 1-partition stream on it, then reads it
   kafka_consume_rps    confluent_kafka.Consumer assigned partition 0 from offset 0 (no
                        group), consume(10,000, timeout) until every record has come;
                        every message checked for an error, and the count exact.
+                       librdkafka's defaults, plus each --kafka-consumer KEY=VALUE
+                       (named in the results as kafka_consumer_config).
+
+What bounds kafka_consume: the consumer's own loop (a Message object per record,
+about 1.5 us each on this machine), and librdkafka's prefetch: it fetches ahead until
+queued.min.messages (100,000) wait in its queue, and then pauses fetching for
+fetch.queue.backoff.ms (1,000 ms by default) before it looks again. When the daemon
+answers Fetches faster than the loop takes the records, the queue reaches 100,000 and
+the loop, done with them in about 0.15 s, waits out the rest of the second, again and
+again: the faster the server, the slower the run (librdkafka's `debug=fetch` log
+shows each pause as "Fetch backoff for 1000ms: Local: Queue full"). The pauses are
+the client's, whatever the broker. `--kafka-consumer fetch.queue.backoff.ms=10` takes
+them out, as the property's documentation advises for a consumer that sees ~1 s
+delays between messages.
 
 Targets: kafka produce >= 0.5x and kafka consume >= 0.5x our own client's rates;
 transactional produce >= 0.5x the idempotent producer's. The
@@ -151,10 +167,12 @@ def ours_consume(url: str, count: int) -> float:
     return seconds
 
 
-def kafka_consume(port: int, count: int) -> float:
+def kafka_consume(port: int, count: int, settings: dict | None = None) -> float:
+    """`settings`: consumer properties beside the ones set here (--kafka-consumer)."""
     from confluent_kafka import Consumer, TopicPartition
     consumer = Consumer({**kafka_config(port), "group.id": "bench-unused",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         **(settings or {})})
     try:
         consumer.assign([TopicPartition(THEIRS, 0, 0)])
         watch = Stopwatch()
@@ -180,6 +198,8 @@ def run(args) -> tuple[dict, list[str]]:
     from streamlog.testing.serve import ServeProcess
     figures: dict = {"records": args.records, "key_bytes": 16, "value_bytes": 100,
                      "linger_ms": 5}
+    if args.kafka_consumer:
+        figures["kafka_consumer_config"] = ",".join(args.kafka_consumer)
     failures: list[str] = []
     work = fresh_dir(args.workdir)
     data = make_dataset(args.records, seed=1)
@@ -207,7 +227,8 @@ def run(args) -> tuple[dict, list[str]]:
         attempt("ours_consume", lambda: measure("ours_consume", ours_consume, url, n),
                 failures)
         attempt("kafka_consume",
-                lambda: measure("kafka_consume", kafka_consume, port, n), failures)
+                lambda: measure("kafka_consume", kafka_consume, port, n,
+                                consumer_settings(args.kafka_consumer)), failures)
         figures["daemon_sigterm_exit"] = daemon.stop()
     finally:
         daemon.kill()
@@ -255,7 +276,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "kafka")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    return parser.parse_args(argv)
+    parser.add_argument("--kafka-consumer", action="append", default=[], metavar="KEY=VALUE",
+                        help="a confluent-kafka consumer property for kafka_consume "
+                             "(repeatable; default: librdkafka's defaults)")
+    args = parser.parse_args(argv)
+    consumer_settings(args.kafka_consumer)  # a malformed one fails here, not after produce
+    return args
+
+
+def consumer_settings(pairs: list[str]) -> dict:
+    """{property: value} of --kafka-consumer KEY=VALUE options."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--kafka-consumer takes KEY=VALUE (got {pair!r})")
+        settings[key] = value
+    return settings
 
 
 def main(argv: list[str] | None = None) -> None:

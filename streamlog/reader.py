@@ -137,6 +137,19 @@ class Reader:
         `reader.wait_async()`)."""
         return self._slices()
 
+    def check_position(self) -> None:
+        """For a server that keeps rows this reader gave out, to send them later: they
+        are still the partition's while this raises nothing. Raises OffsetOutOfRange
+        when the partition was truncated below this reader's position since it last
+        read (as the next read would), UnknownStream when its stream was deleted (the
+        name may hold a new stream now), LogClosed when the partition was closed."""
+        partition = self.partition
+        if partition.closed:
+            raise LogClosed(f"{partition.name} was closed")
+        if partition.deleted:
+            raise partition.state.damage[1]
+        self._check_truncated()
+
     def wait_offset(self) -> int:
         return self._wait_offset()
 

@@ -5,7 +5,8 @@ Cost per record: a produced batch without headers is decoded into Arrow arrays
 (record_decoding.py: one Python step per record, to hop to the next) and appended with
 append_columns; a batch with headers goes through lists and append_batch. A fetched
 log batch of data without headers is encoded with NumPy from its columns
-(record_encoding.encode_arrays); control records and records with headers take the
+(record_encoding.ArraysPlan: its size first, so a Kafka batch that does not fit the
+Fetch's budget is never encoded); control records and records with headers take the
 per-record encoder.
 
 A null value (a tombstone) or a null header value is stored as None, which the log
@@ -13,6 +14,8 @@ keeps apart from an empty value (DESIGN 1), and fetched back as null (length -1)
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -54,34 +57,62 @@ def append(log, topic: str, partition: int, batch, stamp=None, txn_id: int = 0) 
 
 
 def read(log, topic: str, partition: int, offset: int, max_bytes: int, committed: bool, *,
-         at_least_one: bool) -> list[bytes]:
-    """Kafka batches of the partition from `offset`: data records in batches (their
-    offsets kept, so skipped aborted records leave gaps as compaction does), each
-    control record a control batch. Stops before passing `max_bytes`, except that the
-    first batch is always sent when `at_least_one` (a consumer must make progress)."""
-    out, total, last_sent = [], 0, offset - 1
+         at_least_one: bool) -> list:
+    """Kafka batches (bytes-like) of the partition from `offset` (see `chunks`), up to
+    `max_bytes` in all, with a reader of its own (the broker keeps its readers between
+    Fetches: fetching.py)."""
     reader = log.reader(topic, partition, from_offset=offset, data_only=False,
                         read_committed=committed)
+    source = chunks(reader, partition)
     try:
-        for columns, lo, hi in _slices(reader):
-            if columns.kinds is None and columns.header_lengths is None:
-                chunks = _array_chunks(columns, lo, hi)  # data only, no headers: NumPy
-            else:
-                chunks = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)),
-                                       columns)
-            for chunk, last in chunks:
-                if total + len(chunk) > max_bytes and (out or not at_least_one):
-                    return out
-                out.append(chunk)
-                total, last_sent = total + len(chunk), last
-        if reader.next_offset - 1 > last_sent:
-            # read_committed skipped an aborted transaction (its marker included) at
-            # the end: a control batch on its last offset moves the consumer past it
-            out.append(record_encoding.encode_control_batch(reader.next_offset - 1, 0,
-                                                          commit=False))
+        out, _rest, _after = fill(functools.partial(next, source, None), max_bytes,
+                                  at_least_one=at_least_one, after=offset)
     finally:
+        source.close()
         reader.close()
     return out
+
+
+def fill(next_batch, max_bytes: int, *, at_least_one: bool, after: int):
+    """Encode batches from `next_batch()` ((size, last offset, encode) as `chunks`
+    yields, or None at the end) while they fit `max_bytes` in all; the first is taken
+    whatever its size when `at_least_one` (a consumer must make progress).
+
+    Returns:
+        (the encoded batches, the batch that did not fit or None at the end, the offset
+        after the last batch taken: `after` when none was).
+    """
+    out, total = [], 0
+    while (batch := next_batch()) is not None:
+        size, last, encode = batch
+        if total + size > max_bytes and (out or not at_least_one):
+            return out, batch, after
+        out.append(encode())
+        total, after = total + size, last + 1
+    return out, None, after
+
+
+def chunks(reader, partition: int):
+    """Generator: the Kafka batches of `reader` (a Reader of every kind of record, not
+    following) from its position to its end, each as (size in bytes, last offset, a
+    function that gives the batch, bytes-like): data records in batches (their offsets
+    kept, so skipped aborted records leave gaps as compaction does), each control
+    record a control batch. A batch's size is known before it is encoded, so one that
+    does not fit a Fetch's budget costs no encoding. The reader closes at its end."""
+    last = reader.next_offset - 1
+    for columns, lo, hi in _slices(reader):
+        if columns.kinds is None and columns.header_lengths is None:
+            batches = _array_chunks(columns, lo, hi)  # data only, no headers: NumPy
+        else:
+            batches = _kafka_chunks(list(_columns_records(columns, partition, lo, hi)),
+                                    columns)
+        for size, last, encode in batches:
+            yield size, last, encode
+    if reader.next_offset - 1 > last:
+        # read_committed skipped an aborted transaction (its marker included) at the
+        # end: a control batch on its last offset moves the consumer past it
+        yield _ready(record_encoding.encode_control_batch(reader.next_offset - 1, 0,
+                                                          commit=False), reader.next_offset - 1)
 
 
 def _slices(reader):
@@ -99,23 +130,34 @@ def _columns_records(columns, partition, lo, hi):
 
 def _kafka_chunks(records, columns):
     """Encode log records (of the batch `columns`) as Kafka batches: runs of data,
-    control records alone. Yields (batch bytes, its last offset)."""
+    control records alone. Yields what `chunks` does (each batch encoded already, to
+    learn its size)."""
     run: list = []
     for record in records:
         if record.kind == RecordKind.DATA:
             run.append(record)
             if len(run) >= _BATCH_RECORDS_MAX:
-                yield _data_batch(run, columns), run[-1].offset
+                yield _ready(_data_batch(run, columns), run[-1].offset)
                 run = []
             continue
         if run:
-            yield _data_batch(run, columns), run[-1].offset
+            yield _ready(_data_batch(run, columns), run[-1].offset)
             run = []
-        yield record_encoding.encode_control_batch(
+        yield _ready(record_encoding.encode_control_batch(
             record.offset, record.timestamp_us // 1000,
-            commit=record.kind != RecordKind.ABORT), record.offset
+            commit=record.kind != RecordKind.ABORT), record.offset)
     if run:
-        yield _data_batch(run, columns), run[-1].offset
+        yield _ready(_data_batch(run, columns), run[-1].offset)
+
+
+def _ready(batch: bytes, last: int):
+    """An encoded batch as `chunks` yields it: (size, last offset, a function giving
+    it)."""
+    return len(batch), last, functools.partial(_as_is, batch)
+
+
+def _as_is(batch: bytes) -> bytes:
+    return batch
 
 
 def _producer_fields(columns, row: int) -> dict:
@@ -132,7 +174,7 @@ def _array_chunks(columns, lo: int, hi: int):
     """Rows [lo, hi) of a log batch of data records without headers, as Kafka batches
     of at most _BATCH_RECORDS_MAX records and about _CHUNK_BYTES each, encoded from
     the batch's columns without a loop per record (a None value's length, -1, is
-    Kafka's null). Yields (batch bytes, last offset)."""
+    Kafka's null). Yields (batch size, last offset, a function that encodes it)."""
     key_offsets, value_offsets = columns.key_offsets(), columns.value_offsets()
     stamps_ms = columns.timestamps_us // 1000
     sizes = value_offsets + key_offsets  # bytes before each row
@@ -141,12 +183,15 @@ def _array_chunks(columns, lo: int, hi: int):
         limit = sizes[start] + _CHUNK_BYTES
         end = min(hi, start + _BATCH_RECORDS_MAX,
                   max(start + 1, int(np.searchsorted(sizes, limit, side="right")) - 1))
-        yield record_encoding.encode_arrays(
-            columns.base_offset + start, stamps_ms[start:end], columns.key_lengths[start:end],
+        plan = record_encoding.ArraysPlan(stamps_ms[start:end],
+                                          columns.key_lengths[start:end],
+                                          columns.value_lengths[start:end])
+        encode = functools.partial(
+            plan.encode, columns.base_offset + start,
             columns.keys[key_offsets[start]:key_offsets[end]],
-            columns.value_lengths[start:end],
             columns.values[value_offsets[start]:value_offsets[end]],
-            **_producer_fields(columns, start)), columns.base_offset + end - 1
+            **_producer_fields(columns, start))
+        yield plan.size, columns.base_offset + end - 1, encode
         start = end
 
 

@@ -15,7 +15,8 @@ markers, footprints) keep their offsets and are served as Kafka control batches,
 consumers skip; read_committed is applied here (aborted and open transactions' data is
 not sent), so the aborted-transactions list is always empty.
 
-The translation between Kafka's record batches and the log's is batches.py.
+The translation between Kafka's record batches and the log's is batches.py; a Fetch
+goes on with the reader the consumer's last Fetch left (fetching.py).
 
 Idempotent producers: InitProducerId gives a new producer id (epoch 0) every time, as
 Kafka does for a producer without a transactional id, never one handed out before
@@ -47,8 +48,9 @@ import logging
 from .. import errors as log_errors
 from ..layout import is_internal
 from . import batches, record_decoding, records as kafka_records
-from .codec import Request, build, response_schema
+from .codec import Pieces, Request, build, response_schema
 from .errors import ErrorCode
+from .fetching import FetchCursors
 from .offsets import CommittedOffsets
 from .producer_state import ProducerState
 from .producers import Batch as SequencedBatch, SequenceVerdict
@@ -81,6 +83,7 @@ class Broker:
         self.producers = ProducerState(log)
         self.offsets = CommittedOffsets(log)
         self.transactions = TransactionCoordinator(log, self.producers, self.offsets)
+        self.fetches = FetchCursors()
 
     # -- topics ----------------------------------------------------------------------
 
@@ -178,7 +181,9 @@ class Broker:
         return build(schema, producer_id=producer_id, producer_epoch=0)
 
     def close(self) -> None:
-        """Write the idempotent producers' snapshots (before the log closes)."""
+        """Close the readers kept between Fetches and write the idempotent producers'
+        snapshots (before the log closes)."""
+        self.fetches.close()
         self.producers.close()
 
     def handle_produce(self, request: Request):
@@ -322,8 +327,8 @@ class Broker:
         if offset == end or (committed and offset >= stable):
             return entry, 0
         try:
-            chunks = batches.read(log, topic, partition, offset, max_bytes, committed,
-                                  at_least_one=first)
+            chunks = self.fetches.read(log, topic, partition, offset, max_bytes, committed,
+                                       at_least_one=first)
         except log_errors.OffsetOutOfRange:
             entry["error_code"] = ErrorCode.offset_out_of_range
             return entry, 0
@@ -331,7 +336,7 @@ class Broker:
             _LOG.error("kafka_fetch_corrupt", extra={"fields": {"error": str(error)}})
             entry["error_code"] = ErrorCode.kafka_storage_error
             return entry, 0
-        data = b"".join(chunks)
+        data = Pieces(chunks)  # written to the socket as they are (codec.py)
         entry["records"] = data
         return entry, len(data)
 

@@ -21,7 +21,8 @@ only frames and dispatches:
     parses what it refused; kio reads every primitive field in both.
   - `encode_response(request, body)` picks the response header version (the body's,
     except that ApiVersions always answers with header v0, as Kafka's brokers do) and
-    returns the framed bytes.
+    returns the framed bytes; `encode_response_parts` the same as parts to write one
+    after the other, a Fetch's records (bytes, or `Pieces`) among them uncopied.
   - `build(cls, **fields)` makes a response entity from plain values (nested lists of
     dicts), dropping the fields this version does not have and zero-filling the
     required ones not given, so the broker writes one handler per API, not per version.
@@ -35,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import io
 import struct
 import typing
 import uuid
@@ -89,6 +89,9 @@ API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 FRAME_BYTES_MAX = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
 _SIZE = struct.Struct(">i")
 _KEY_VERSION_CORRELATION = struct.Struct(">hhi")
+# kio finds a schema class by importing its module by name each time: once is enough
+_request_schema = functools.cache(load_request_schema)
+_response_schema = functools.cache(load_response_schema)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,7 +162,7 @@ def parse_request(frame: bytes) -> Request:
             + ("" if served is None else f" ({served[0]} {served[1]}..{served[2]})"),
             api_key, version, correlation_id, _unsupported_response(
                 api_key, version, correlation_id))
-    schema = load_request_schema(api_key, version)
+    schema = _request_schema(api_key, version)
     try:
         header, used = _parse(schema.__header_schema__, frame, 0)
         body, _size = _parse(schema, frame, used)  # bytes after it: ignored, as by Kafka
@@ -170,26 +173,79 @@ def parse_request(frame: bytes) -> Request:
 
 
 def response_schema(request: Request):
-    return load_response_schema(request.api_key, request.api_version)
+    return _response_schema(request.api_key, request.api_version)
 
 
 def encode_response(request: Request, body) -> bytes:
     """The framed response to `request` (body: an entity of its response schema)."""
-    return _encode(request.api_key, request.correlation_id, body)
+    return b"".join(encode_response_parts(request, body))
+
+
+def encode_response_parts(request: Request, body) -> list:
+    """`encode_response` as bytes-like parts to write in order: a large field (a
+    Fetch's records, given as they are or as `Pieces`) stays where it was, uncopied."""
+    return _encode_parts(request.api_key, request.correlation_id, body)
+
+
+class Pieces:
+    """A bytes field given in pieces (a Fetch's record batches), for a response whose
+    parts are written one after the other: kio takes its length (len) and writes it
+    (to `_Parts`, which keeps the pieces), as it does with bytes."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces) -> None:
+        self.pieces = [memoryview(piece).cast("B") for piece in pieces]
+        self.size = sum(len(piece) for piece in self.pieces)
+
+    def __len__(self) -> int:
+        return self.size
 
 
 def _encode(api_key: int, correlation_id: int, body) -> bytes:
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
+    return b"".join(_encode_parts(api_key, correlation_id, body))
+
+
+def _encode_parts(api_key: int, correlation_id: int, body) -> list:
+    out = _Parts()
+    out.write(b"\0\0\0\0")  # the size, set below
     if api_key == API_VERSIONS:
         out.write(_SIZE.pack(correlation_id))  # header v0 always (KIP-511)
     else:
         header_schema = type(body).__header_schema__
         _writer(header_schema)(out, header_schema(correlation_id=correlation_id))
     _writer(type(body))(out, body)
-    data = out.getbuffer()
-    data[:4] = _SIZE.pack(len(data) - 4)
-    return bytes(data)
+    parts = out.parts()
+    parts[0][:4] = _SIZE.pack(out.size - 4)
+    return parts
+
+
+class _Parts:
+    """What kio's writers write to: small writes gathered in a bytearray, large ones
+    (a Fetch's records) kept as they are, so that the response is not copied here."""
+
+    _LARGE_BYTES = 64 * 1024
+
+    def __init__(self) -> None:
+        self._parts: list = []
+        self._small = bytearray()
+        self.size = 0
+
+    def write(self, data) -> None:
+        pieces = data.pieces if isinstance(data, Pieces) else [data]
+        self.size += len(data)
+        if len(data) < self._LARGE_BYTES:
+            for piece in pieces:
+                self._small += piece
+            return
+        if self._small or not self._parts:
+            self._parts.append(self._small)
+            self._small = bytearray()
+        self._parts += pieces
+
+    def parts(self) -> list:
+        """The parts in order; the first is a bytearray (the frame's size goes there)."""
+        return [*self._parts, self._small] if self._small or not self._parts else self._parts
 
 
 def _unsupported_response(api_key: int, version: int, correlation_id: int) -> bytes | None:

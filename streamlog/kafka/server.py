@@ -52,7 +52,7 @@ import time
 
 from . import admin, codec
 from .broker import NODE_ID, Broker, Endpoint
-from .codec import Request, build, encode_response, response_schema
+from .codec import Request, build, encode_response, encode_response_parts, response_schema
 from .errors import ErrorCode, KafkaProtocolError, UnsupportedRequest
 from .groups import Coordinator
 from .transactions import TxnError
@@ -169,6 +169,8 @@ class KafkaServer:
         while True:
             await asyncio.sleep(_TICK_S)
             self.coordinator.tick()
+            if self.broker is not None and len(self.broker.fetches):
+                self.broker.fetches.expire()
             if self.broker is not None and self.broker.transactions.has_open():
                 await self._run(self.broker.transactions.expire)
 
@@ -243,7 +245,8 @@ class KafkaServer:
                     await writer.drain()
                     self._closing(session, str(failed))
                 if out:
-                    writer.write(out)
+                    for part in out:  # (a Fetch's records: as they are, uncopied)
+                        writer.write(part)
                     await writer.drain()
                 if session.authenticated:
                     frames.frame_bytes_max = self.config.frame_bytes_max
@@ -262,14 +265,15 @@ class KafkaServer:
             "peer": session.peer, "reason": reason}})
         raise _Closing(reason)
 
-    async def _answer(self, frame: bytes, session: _Session) -> bytes | None:
+    async def _answer(self, frame: bytes, session: _Session) -> list | None:
+        """The response's parts (codec.encode_response_parts), None for none."""
         if session.raw_sasl_next:
             session.raw_sasl_next = False
             code, message = self._check_plain(frame)
             if code != ErrorCode.none:
                 self._closing(session, message)
             session.authenticated = True
-            return b"\0\0\0\0"
+            return [b"\0\0\0\0"]
         try:
             request = codec.parse_request(frame)
         except UnsupportedRequest as error:
@@ -278,7 +282,7 @@ class KafkaServer:
                 "api_version": error.api_version, "reason": str(error)}})
             if error.response is None:
                 self._closing(session, str(error))
-            return error.response
+            return [error.response]
         except KafkaProtocolError as error:
             self._closing(session, str(error))
         if not session.authenticated and request.api_key not in (
@@ -286,7 +290,7 @@ class KafkaServer:
             self._closing(session, f"{request.name} before SASL authentication")
         handler = getattr(self, "_on_" + request.name)
         response = await handler(request, session)
-        return None if response is None else encode_response(request, response)
+        return None if response is None else encode_response_parts(request, response)
 
     # -- handlers: connection-level --------------------------------------------------
 
