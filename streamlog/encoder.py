@@ -25,10 +25,11 @@ from .payload import (NO_TIME, Columns, EncodedRows, advance_hwm, compress, data
                       decode_columns, encode_payload_columns, encoded_flags, encoded_parts)
 from .txn import frame_events
 
-# Columnar pieces share a frame up to this size; a larger one is a frame of its own,
-# written from its buffers as they are (no payload joined), and handed to the live tail
-# as columns without decoding it again.
-COLUMNS_MERGE_BYTES = 256 * 1024
+# A columnar piece this large is a frame of its own, handed to the live tail as its own
+# columns, not decoded again; smaller ones share frames as list pieces do (the daemon's
+# APPENDs of a thousand records, say). Either way the frame is written from the pieces'
+# buffers as they are (frame_buffers: no payload joined).
+COLUMNS_ALONE_BYTES = 256 * 1024
 # Below this payload size zstd is not tried: a frame header's worth of saving at most.
 COMPRESS_MIN_BYTES = 512
 # After a frame that zstd did not shrink enough, this many frames go uncompressed
@@ -157,16 +158,14 @@ def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
     count = size = 0  # of the merged pieces: kept as they grow, not summed again
     offset, hwm, running = end_offset, hwm_us, end_offset
     records_max, bytes_max = config.batch_records_max, config.frame_bytes_max // 2
-    columns_max = min(bytes_max, COLUMNS_MERGE_BYTES)
     for pieces in appends:
         firsts.append(running)
         for piece in pieces:
             records = piece.record_count
             running += records
             if merged and not (joins(merged[0], piece) and count + records <= records_max
-                               and size + piece.nbytes <= (
-                                   columns_max if type(piece) is EncodedRows
-                                   else bytes_max)):
+                               and size + piece.nbytes <= bytes_max
+                               and not (alone(merged[0]) or alone(piece))):
                 frames.append(encode_one(merged, offset, hwm, compressor))
                 offset, hwm, merged, count, size = (frames[-1].next_offset,
                                                     frames[-1].hwm_after, [], 0, 0)
@@ -178,6 +177,11 @@ def encode_commit(appends: list[list], end_offset: int, hwm_us: int | None,
         offset, hwm = frames[-1].next_offset, frames[-1].hwm_after
     assert offset == running
     return EncodedCommit(frames, firsts, offset, hwm)
+
+
+def alone(piece) -> bool:
+    """Is `piece` a frame of its own (a large columnar piece: COLUMNS_ALONE_BYTES)?"""
+    return type(piece) is EncodedRows and piece.nbytes >= COLUMNS_ALONE_BYTES
 
 
 def joins(first, piece) -> bool:

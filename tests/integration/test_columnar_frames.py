@@ -6,6 +6,7 @@ of them."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 
@@ -15,11 +16,13 @@ import pytest
 
 import streamlog
 from streamlog.check import check_partition
-from streamlog.encoder import COLUMNS_MERGE_BYTES
+from streamlog import columnar
+from streamlog.config import LogConfig
+from streamlog.encoder import COLUMNS_ALONE_BYTES, Compressor, encode_commit
 from streamlog.fileio import OsFileIO
 
 STREAM = "s"
-ROWS = 6_000  # ~ 100 bytes a record: one piece over COLUMNS_MERGE_BYTES
+ROWS = 6_000  # ~ 100 bytes a record: one piece over COLUMNS_ALONE_BYTES
 
 
 def records(reader, count: int) -> list[tuple]:
@@ -46,7 +49,7 @@ def big_batch(rng) -> tuple[dict, list]:
 def test_what_a_follower_is_handed_is_what_is_on_disk(tmp_path, compression):
     rng = np.random.default_rng(7)
     data, expected = big_batch(rng)
-    assert sum(len(v or b"") + len(k or b"") for _, k, v, _ in expected) > COLUMNS_MERGE_BYTES
+    assert sum(len(v or b"") + len(k or b"") for _, k, v, _ in expected) > COLUMNS_ALONE_BYTES
     log = streamlog.open_log(str(tmp_path / "log"), fsync="always", compression=compression)
     log.create_stream(STREAM, partitions=1)
     followed: list = []
@@ -119,3 +122,43 @@ def test_numpy_columns_reused_by_the_caller_leave_the_tail_as_appended(tmp_path)
         with log.reader(STREAM, 0) as reader:  # the tail ring holds the batch
             got = records(reader, 3_000)
     assert got == [(i, None, b"%0200d" % i, i) for i in range(3_000)]
+
+
+def test_small_columnar_pieces_queued_together_share_a_frame_and_read_back(tmp_path):
+    """The daemon's APPENDs of a thousand records each: merged as list pieces are."""
+    async def main():
+        async with streamlog.open_log(str(tmp_path / "log"), fsync="always") as log:
+            log.create_stream(STREAM, partitions=1)
+            batches = [{"value": pa.array([b"%d-%d" % (b, i) for i in range(1_000)])}
+                       for b in range(16)]
+            results = await asyncio.gather(*(log.append_columns(STREAM, batch, partition=0)
+                                             for batch in batches))
+            with log.reader(STREAM, 0) as reader:
+                got = [r.value for r in reader.records()]
+            return results, got, log.stats()[f"{STREAM}/0"]["frames"]
+
+    results, got, frames = asyncio.run(main())
+    assert [r.ranges[0] for r in results] == [(b * 1_000, b * 1_000 + 999) for b in range(16)]
+    assert got == [b"%d-%d" % (b, i) for b in range(16) for i in range(1_000)]
+    assert 1 <= frames <= 16
+
+
+def test_the_encoder_merges_small_columnar_pieces_and_leaves_a_large_one_alone():
+    config = LogConfig()
+    small = [columnar.encode(columnar.rows_from({"value": pa.array([b"x" * 100] * 1_000),
+                                                 "timestamp": np.arange(1_000)},
+                                                record_bytes_max=config.record_bytes_max),
+                             0, frame_bytes_max=config.frame_bytes_max,
+                             batch_records_max=config.batch_records_max)
+             for _ in range(8)]
+    large = columnar.encode(columnar.rows_from({"value": pa.array([b"y" * 100] * 4_000),
+                                                "timestamp": np.arange(4_000)},
+                                               record_bytes_max=config.record_bytes_max),
+                            0, frame_bytes_max=config.frame_bytes_max,
+                            batch_records_max=config.batch_records_max)
+    assert all(p.nbytes < COLUMNS_ALONE_BYTES for pieces in small for p in pieces)
+    assert large[0].nbytes >= COLUMNS_ALONE_BYTES
+    commit = encode_commit([*small[:4], large, *small[4:]], 0, None, config,
+                           Compressor(config))
+    assert [frame.record_count for frame in commit.frames] == [4_000, 4_000, 4_000]
+    assert commit.firsts == [0, 1_000, 2_000, 3_000, 4_000, 8_000, 9_000, 10_000, 11_000]
