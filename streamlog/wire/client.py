@@ -54,7 +54,7 @@ from .messages import (READ_COMMITTED, READ_DATA_ONLY, READ_FOLLOW, Append, Batc
                        ranges_of)
 from .operations import OPERATIONS, Method, Operation, OperationTable
 
-CREDIT_BYTES = 8 * 1024 * 1024
+CREDIT_BYTES = 16 * 1024 * 1024
 # Options of open_log that mean nothing for a daemon's log: accepted and ignored.
 _LOCAL_ONLY = {"fsync", "create", "fileio", "progress", "config"}
 # Records per APPEND of a columnar append (the log's default frame bound; the daemon cuts
@@ -459,7 +459,7 @@ class RemoteReader:
         try:
             return await self._opened
         except BaseException:
-            self._link.subscriptions.pop(self._request_id, None)
+            self._link.unsubscribe(self._request_id)
             raise
 
     # I/O thread ---------------------------------------------------------------------
@@ -473,13 +473,13 @@ class RemoteReader:
         elif isinstance(message, Batch):
             self._inbox.put(message)
         elif isinstance(message, ReadEnd):
-            self._link.subscriptions.pop(message.request_id, None)
+            self._link.unsubscribe(message.request_id)
             self._inbox.put(message)
         elif isinstance(message, Error):
             self.deliver_failure(exception_for(message.code, message.message))
 
     def deliver_failure(self, error: BaseException) -> None:
-        self._link.subscriptions.pop(self._request_id, None)
+        self._link.unsubscribe(self._request_id)
         opened = self._opened
         if opened is not None and not opened.done():
             opened.set_exception(error)
@@ -529,7 +529,9 @@ class RemoteReader:
             for columns in self._batches())
 
     def arrow(self, *, include_headers: bool = False):
-        """pyarrow.RecordBatch per log batch, as Reader.arrow()."""
+        """pyarrow.RecordBatch per BATCH the daemon sent, as Reader.arrow() gives one
+        per log batch: a stored batch, or consecutive small ones joined (up to about
+        columns.JOIN_BYTES)."""
         from ..arrowconv import columns_to_arrow
         for columns in self._batches():
             batch = columns_to_arrow(columns, self.partition, 0, len(columns),
@@ -560,7 +562,7 @@ class RemoteReader:
             self._inbox.put(_END)  # wakes a consumer blocked in another thread
 
     def _cancel(self) -> None:
-        if self._link.subscriptions.pop(self._request_id, None) is not None:
+        if self._link.unsubscribe(self._request_id) is not None:
             self._link.send_nowait(Cancel(self._request_id))
 
     def __enter__(self):

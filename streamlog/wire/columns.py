@@ -2,10 +2,10 @@
 
 Strategy: records travel in payload.py's columnar layout (timestamps, key and value
 lengths, then the blobs), so neither side loops over records to frame them: the daemon
-checks an APPEND as NumPy columns and sends a reader's batches as slices of the columns
-it decoded (`pull_batches`); a client turns a BATCH into Arrow without a loop per
-record. No zstd on the
-wire: loopback and LAN links are faster than decompression.
+checks an APPEND as NumPy columns and sends a reader's batches as the payloads it
+read, small consecutive ones joined, or slices of the columns it decoded
+(`pull_batches`); a client turns a BATCH into Arrow without a loop per record. No zstd
+on the wire: loopback and LAN links are faster than decompression.
 
 Pure functions, bytes in and values out; `decode_records` raises LocalProtocolError for
 a payload that does not add up (the connection re-raises it as the peer's fault). The
@@ -137,33 +137,52 @@ def _blob_slice(lengths: np.ndarray, blob, lo: int, hi: int):
     return blob[start:start + int(lengths[lo:hi].sum())]
 
 
-MORE, WAIT, END = "more", "wait", "end"
+MORE, WAIT, END, FAILED = "more", "wait", "end", "failed"
 
 
-def pull_batches(slices, bytes_budget: int) -> tuple[list[tuple], str]:
-    """(batches, status): advance a reader's slice generator (reader.slices(); the
-    daemon does it on its thread pool) until `bytes_budget` payload bytes are encoded
-    (MORE), the reader must wait for appends (WAIT), or it is done (END). A batch is
-    (base_offset, record_count, txn_id, payload_flags, payload): a whole stored batch
-    its own, its payload as stored (a view, not a copy); consecutive parts of batches of
-    one transaction (0 for most) joined into one."""
-    out, group, size, status = [], [], 0, END
-    for item in slices:
-        if not isinstance(item, tuple):  # the reader's wait sentinel: at the live end
-            status = WAIT
-            break
-        columns, lo, hi = item
-        if group and not _continues(group[-1], columns, lo):
-            out += _batches(group)
-            group = []
-        group.append(item)
-        size += int(columns.value_bytes()[lo:hi].sum()) + 16 * (hi - lo)
-        if size >= bytes_budget:
-            status = MORE
-            break
+def pull_batches(slices, bytes_budget: int,
+                 take=None) -> tuple[list[tuple], str, Exception | None]:
+    """(batches, status, error): advance a reader's slice generator (reader.slices();
+    the daemon does it on its thread pool) until `bytes_budget` payload bytes are
+    encoded (MORE), the reader must wait for appends (WAIT), it is done (END), or it
+    raised (FAILED, with the error: a damaged frame, a truncation under it; the batches
+    before it are returned too, to be sent first, as a local reader yields every record
+    before the error). A batch is (base_offset, record_count, txn_id, payload_flags,
+    payload): a whole stored batch its own, its payload as stored (a view, not a copy),
+    or small ones joined (`_batches`); consecutive parts of batches of one transaction
+    (0 for most) joined into one. `take(size)` gives the writable buffer a join is
+    copied into (the daemon's: a BufferPool's, used again once sent); default a new one.
+    """
+    take = take or _new_buffer
+    out, group, size, status, error = [], [], 0, END, None
+    try:
+        for item in slices:
+            if not isinstance(item, tuple):  # the reader's wait sentinel: at the live end
+                status = WAIT
+                break
+            columns, lo, hi = item
+            if group and not _continues(group[-1], columns, lo):
+                out += _batches(group, take)
+                group = []
+            group.append(item)
+            size += _payload_bytes(columns, lo, hi)
+            if size >= bytes_budget:
+                status = MORE
+                break
+    except Exception as failure:  # noqa: BLE001 - the caller sends it after the batches
+        status, error = FAILED, failure
     if group:
-        out += _batches(group)
-    return out, status
+        out += _batches(group, take)
+    assert (status is FAILED) == (error is not None)
+    return out, status, error
+
+
+def _payload_bytes(columns, lo: int, hi: int) -> int:
+    """What rows [lo, hi) add to a BATCH: a whole stored payload's size, or an estimate
+    (values and the fixed columns) for a part."""
+    if columns.raw is not None and lo == 0 and hi == len(columns):
+        return len(columns.raw)
+    return int(columns.value_bytes()[lo:hi].sum()) + 16 * (hi - lo)
 
 
 def _continues(previous, columns, lo: int) -> bool:
@@ -172,12 +191,72 @@ def _continues(previous, columns, lo: int) -> bool:
             and columns.base_offset + lo == last.base_offset + hi)
 
 
-def _batches(group) -> list[tuple]:
-    """Whole stored batches go out one BATCH each, their payloads as stored (no copy);
-    anything else as one BATCH of the slices joined."""
-    if all(c.raw is not None and lo == 0 and hi == len(c) for c, lo, hi in group):
-        return [(c.base_offset, len(c), c.txn_id, c.flags, c.raw) for c, _, _ in group]
-    return [_batch(group)]
+# Consecutive stored batches smaller than this are joined into one BATCH up to this size
+# (a frame of the local log's batched appends is about this size, and is sent as it is).
+JOIN_BYTES = 1024 * 1024
+
+
+def _new_buffer(size: int) -> memoryview:
+    return memoryview(np.empty(size, dtype=np.uint8))  # every byte is written: see _join
+
+
+def _batches(group, take) -> list[tuple]:
+    """Whole stored batches go out as they are stored, one BATCH each (no copy), but
+    for small ones: consecutive ones of one layout (flags) are joined into BATCHes of
+    about JOIN_BYTES (one copy, `_join`), so the client makes one Arrow batch of them,
+    and both ends handle a message, not one per stored batch (a batch written by one
+    APPEND of a thousand records is about 100 KiB). Anything else goes as one BATCH of
+    the slices joined (encode_slices)."""
+    if not all(c.raw is not None and lo == 0 and hi == len(c) for c, lo, hi in group):
+        return [_batch(group)]
+    out, run, run_bytes = [], [], 0
+    for columns, _, _ in group:
+        size = len(columns.raw)
+        if run and (run_bytes + size > JOIN_BYTES or columns.flags != run[0].flags):
+            out.append(_join(run, take))
+            run, run_bytes = [], 0
+        run.append(columns)
+        run_bytes += size
+    out.append(_join(run, take))
+    return out
+
+
+def _join(run: list, take) -> tuple:
+    """One BATCH of consecutive whole stored batches of one layout: each column of the
+    payload layout is the batches' columns one after the other (one copy of each, into
+    `take`'s buffer, written whole); a single batch is its payload as stored."""
+    first = run[0]
+    if len(run) == 1:
+        return first.base_offset, len(first), first.txn_id, first.flags, first.raw
+    regions = [_regions(columns) for columns in run]
+    view, position = take(sum(len(columns.raw) for columns in run)), 0
+    into = np.frombuffer(view, dtype=np.uint8)  # NumPy copies without holding the GIL
+    for column in range(len(regions[0])):
+        for parts in regions:
+            part = parts[column]
+            into[position:position + len(part)] = np.frombuffer(part, dtype=np.uint8)
+            position += len(part)
+    assert position == len(view)
+    return first.base_offset, sum(map(len, run)), first.txn_id, first.flags, view
+
+
+def _regions(columns: Columns) -> list:
+    """The parts of a whole stored payload, in layout order (payload.py), as views."""
+    n, raw = len(columns), columns.raw
+    widths = [8, 4, 4]
+    if columns.header_lengths is not None:
+        widths.append(4)
+    if columns.kinds is not None:
+        widths.append(1)
+    regions, position = [], 0
+    for width in widths:
+        regions.append(raw[position:position + width * n])
+        position += width * n
+    regions += [columns.keys, columns.values]
+    if columns.headers is not None:
+        regions.append(columns.headers)
+    assert sum(map(len, regions)) == len(raw)
+    return regions
 
 
 def _batch(group) -> tuple:

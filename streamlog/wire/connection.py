@@ -25,20 +25,86 @@ side may send any message of its own role but the handshake's.
 from __future__ import annotations
 
 import struct
+import sys
+
+import numpy as np
 
 from .codes import ErrorCode, LocalProtocolError, RemoteProtocolError
 from .messages import (FRAME_BYTES_MAX, FRAME_BYTES_MIN, HEADER, HELLO_BYTES_MAX, Error, Hello,
                        HelloOk, Message, Role, decode_message, encode_message_parts)
 from .operations import OPERATIONS
 
-# Unparsed bytes wait in a scratch buffer of this size (received into it by the kernel);
-# a frame of VIEW_FRAME_BYTES or more found whole there (an APPEND or BATCH of records)
-# is handed on as a view of it, not copied; one of LARGE_FRAME_BYTES or more not yet
-# whole is received into a buffer of its own size instead.
+# Unparsed bytes wait in a scratch buffer (SCRATCH_BYTES unless the owner asks for
+# more), received into it by the kernel, as much as it has room for: a frame of
+# VIEW_FRAME_BYTES or more found whole there (an APPEND or BATCH of records) is handed
+# on as a view of it, not copied. A frame that does not fit in the room left moves to a
+# fresh scratch buffer (the part received so far is copied), or, when it is larger than
+# half a scratch buffer (LARGE_FRAME_BYTES for the default size), is received into a
+# buffer of its own size.
 SCRATCH_BYTES = 1024 * 1024
 _LENGTH = struct.Struct(">I")  # a frame's first field (messages.HEADER)
 VIEW_FRAME_BYTES = 64 * 1024
-LARGE_FRAME_BYTES = 512 * 1024
+LARGE_FRAME_BYTES = SCRATCH_BYTES // 2
+
+
+class BufferPool:
+    """Receive buffers (scratch buffers, large frames' bodies), used again once nothing
+    refers to them.
+
+    Memory fresh from the system costs a page fault per 4 KiB page as the kernel writes
+    the received bytes into it, more than the copy itself (the allocator gives freed
+    megabytes back and takes them again). A pool keeps the buffers it handed out, up to
+    `bytes_max` bytes of them (0: none, the default; `keep` changes it), and hands one
+    out again once no view of it is left: every view of a buffer (a memoryview, a NumPy
+    array or an Arrow buffer over any part of it) holds a reference to it, so a buffer
+    nothing but the pool refers to is free. Buffers are not zero-filled: the connection
+    reads no byte it has not received. Used by one thread at a time (the connection's
+    owner); other threads (a reader's consumer) only drop their views.
+    """
+
+    def __init__(self, bytes_max: int = 0) -> None:
+        assert bytes_max >= 0
+        self.bytes_max = bytes_max
+        self._buffers: list[np.ndarray] = []  # in use or free
+
+    @property
+    def pooled_bytes(self) -> int:
+        return sum(len(buffer) for buffer in self._buffers)
+
+    def take(self, size: int) -> memoryview:
+        """A writable buffer of `size` bytes, its content undefined."""
+        assert size > 0
+        for index in range(len(self._buffers)):
+            if (size <= len(self._buffers[index]) <= 2 * size
+                    and _references(self._buffers, index) == _UNUSED_REFERENCES):
+                return memoryview(self._buffers[index])[:size]
+        if not self.bytes_max:
+            return memoryview(np.empty(size, dtype=np.uint8))
+        # room for a slightly larger frame next time
+        buffer = np.empty(-(-(size + size // 8) // _POOL_GRAIN) * _POOL_GRAIN, np.uint8)
+        if self.pooled_bytes + len(buffer) <= self.bytes_max:
+            self._buffers.append(buffer)
+        return memoryview(buffer)[:size]
+
+    def keep(self, bytes_max: int) -> None:
+        """From now on keep at most `bytes_max` bytes of buffers (0: none; the buffers
+        let go are freed once their last view is)."""
+        assert bytes_max >= 0
+        self.bytes_max = bytes_max
+        while self._buffers and self.pooled_bytes > bytes_max:
+            self._buffers.pop()
+
+
+_POOL_GRAIN = 64 * 1024
+
+
+def _references(buffers: list, index: int) -> int:
+    return sys.getrefcount(buffers[index])
+
+
+# What _references says of a buffer only its list refers to, as this interpreter counts
+# (the call's own references included): a view anywhere makes it more.
+_UNUSED_REFERENCES = _references([np.empty(1, dtype=np.uint8)], 0)
 
 
 class _Sentinel(type):
@@ -114,22 +180,30 @@ class Connection:
             handshake is done (before it, HELLO_BYTES_MAX).
         messages: the message classes by type number that the peer may send (an
             operation table's `messages`; the standard table's by default).
+        scratch_bytes: the size of a scratch buffer; a client reading batches of a
+            few MiB asks for more than the default.
+
+    `buffers` is the connection's BufferPool (empty unless its owner asks for one).
     """
 
     def __init__(self, role: Role, frame_bytes_max: int = FRAME_BYTES_MAX, *,
-                 messages: dict[int, type[Message]] | None = None) -> None:
+                 messages: dict[int, type[Message]] | None = None,
+                 scratch_bytes: int = SCRATCH_BYTES) -> None:
         assert frame_bytes_max >= HELLO_BYTES_MAX
+        assert scratch_bytes >= 2 * VIEW_FRAME_BYTES
         self.role = role
         self.frame_bytes_max = frame_bytes_max
         self.messages = OPERATIONS.messages if messages is None else messages
         self.state = START if role is Role.CLIENT else AWAIT_HELLO
+        self.buffers = BufferPool()
+        self.scratch_bytes = scratch_bytes
         # Bytes not yet parsed are _scratch[_start:_end]. Buffers are never resized (a
         # shell may still hold a view of one), only replaced, so a message may keep a view.
-        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch = self.buffers.take(scratch_bytes)
         self._start = self._end = 0
         # A large frame's body is received straight into a buffer of its own size (no
         # copy of the payload in user space); (type, request id, body, bytes filled).
-        self._large: tuple[int, int, bytearray] | None = None
+        self._large: tuple[int, int, memoryview] | None = None
         self._large_filled = 0
         self._into_large = False
         self._eof = False
@@ -159,10 +233,10 @@ class Connection:
         large = self._large
         self._into_large = large is not None and self._large_filled < len(large[2])
         if self._into_large:
-            return memoryview(large[2])[self._large_filled:]
+            return large[2][self._large_filled:]
         if self._end == len(self._scratch):
             self._renew_scratch()
-        return memoryview(self._scratch)[self._end:]
+        return self._scratch[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
         """`nbytes` were written into the view get_buffer() returned."""
@@ -184,12 +258,14 @@ class Connection:
             return False
         (length,) = _LENGTH.unpack_from(self._scratch, self._start)
         limit = self.frame_bytes_max if self.state is READY else HELLO_BYTES_MAX
-        return available >= 4 + length or length >= min(LARGE_FRAME_BYTES, limit + 1)
+        # whole, refused, or it does not fit where it is (next_event moves it)
+        return (available >= 4 + length or length > limit
+                or self._start + 4 + length > len(self._scratch))
 
     def _renew_scratch(self, need: int = 0) -> None:
         """A fresh scratch buffer holding the unparsed bytes (a partial frame)."""
-        rest = memoryview(self._scratch)[self._start:self._end]
-        scratch = bytearray(max(SCRATCH_BYTES, 2 * len(rest), need))
+        rest = self._scratch[self._start:self._end]
+        scratch = self.buffers.take(max(self.scratch_bytes, 2 * len(rest), need))
         scratch[:len(rest)] = rest
         self._scratch, self._start, self._end = scratch, 0, len(rest)
 
@@ -219,7 +295,7 @@ class Connection:
             if self._large_filled < len(body):
                 return self._starved(self._large_filled + 1)
             self._large = None
-            return self._decode(type_code, request_id, memoryview(body))
+            return self._decode(type_code, request_id, body)
         available = self._end - self._start
         if available < HEADER.size:
             return self._starved(available)
@@ -232,18 +308,20 @@ class Connection:
             raise LocalProtocolError(f"frame length {length} is impossible")
         body_start, end = self._start + HEADER.size, self._start + 4 + length
         if available < 4 + length:
-            if length >= LARGE_FRAME_BYTES:  # the rest of its body goes straight to its own
-                body = bytearray(end - body_start)
+            if end <= len(self._scratch):
+                pass  # it fits where it is: the rest arrives behind it
+            elif 4 + length > self.scratch_bytes // 2:  # the rest goes straight to its own
+                body = self.buffers.take(end - body_start)
                 have = self._end - body_start
-                body[:have] = memoryview(self._scratch)[body_start:self._end]
+                body[:have] = self._scratch[body_start:self._end]
                 self._large, self._large_filled = (type_code, request_id, body), have
                 self._start = self._end
-            elif end > len(self._scratch):
+            else:
                 self._renew_scratch(4 + length)
             return self._starved(available)
         self._start = end
         if length >= VIEW_FRAME_BYTES:  # a view: the scratch buffer is never rewritten
-            return self._decode(type_code, request_id, memoryview(self._scratch)[body_start:end])
+            return self._decode(type_code, request_id, self._scratch[body_start:end])
         return self._decode(type_code, request_id, bytes(self._scratch[body_start:end]))
 
     def _decode(self, type_code: int, request_id: int, body):

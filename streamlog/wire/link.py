@@ -39,6 +39,13 @@ if TYPE_CHECKING:
     from .client import RemoteReader
 
 DEFAULT_PORT = 7541
+# A client receives into scratch buffers this large (a few of a READ's BATCHes, which
+# are stored frames: a frame that does not fit the room left is the one copied), and
+# while a read streams, its connection keeps this many bytes of receive buffers to use
+# again once the consumer is done with what they hold (connection.BufferPool): a
+# reader's credit and the scratch buffer the kernel is writing into.
+READ_SCRATCH_BYTES = 4 * 1024 * 1024
+READ_BUFFERS_BYTES = 32 * 1024 * 1024
 SCHEMES = ("streamlog", "streamlog+tls")
 CONNECT_TIMEOUT_S = 10.0
 
@@ -96,7 +103,7 @@ class Link:
                  thread: threading.Thread | None) -> None:
         self.loop = loop
         self.thread = thread
-        self.conn = Connection(Role.CLIENT)
+        self.conn = Connection(Role.CLIENT, scratch_bytes=READ_SCRATCH_BYTES)
         self.pending: dict[int, asyncio.Future] = {}
         self.subscriptions: dict[int, "RemoteReader"] = {}
         self.frame_bytes_max = FRAME_BYTES_MAX
@@ -245,6 +252,7 @@ class Link:
         for reader in list(self.subscriptions.values()):
             reader.deliver_failure(error)
         self.subscriptions.clear()
+        self.conn.buffers.keep(0)
 
     async def _heartbeat(self, interval_s: float) -> None:
         while True:
@@ -281,8 +289,17 @@ class Link:
             raise self.failure
         request_id = self._next_id()
         self.subscriptions[request_id] = reader
+        self.conn.buffers.keep(READ_BUFFERS_BYTES)
         self._write(make(request_id))
         return request_id
+
+    def unsubscribe(self, request_id: int):
+        """Forget a read (it ended or was cancelled); returns its reader, or None when
+        it was forgotten already. Once no read is left, no buffers wait for one."""
+        reader = self.subscriptions.pop(request_id, None)
+        if not self.subscriptions:
+            self.conn.buffers.keep(0)
+        return reader
 
     def send_nowait(self, message: Message) -> None:
         if self.failure is None and self._writer is not None and not self._writer.is_closing():

@@ -32,8 +32,8 @@ from ..errors import StreamLogError
 from ..payload import EncodedRows
 from ..records import RECORD_OVERHEAD_BYTES, AppendResult, RecordKind
 from .codes import ErrorCode, LocalProtocolError, MessageType, RemoteProtocolError, error_code_for
-from .columns import END, MORE, WAIT, columns_to_lists, pull_batches
-from .connection import CLOSED, DONE, ERROR, NEED_DATA, SCRATCH_BYTES
+from .columns import END, FAILED, MORE, WAIT, columns_to_lists, pull_batches
+from .connection import CLOSED, DONE, ERROR, NEED_DATA, SCRATCH_BYTES, BufferPool
 from .messages import (READ_COMMITTED, READ_DATA_ONLY, READ_FOLLOW, WIRE_VERSION, Append,
                        Appended, Batch, Cancel, Credit, Error, Hello, HelloOk, Message, Ping,
                        Pong, Read, ReadEnd, ReadOpened, Start, Stop, error_message,
@@ -49,7 +49,10 @@ log = logging.getLogger("streamlog.wire.server")
 # What one connection may hold beyond its window of appends: the bytes received but not
 # yet parsed (the channel's scratch buffer).
 READ_CHUNK_BYTES = SCRATCH_BYTES
-PULL_BYTES_MAX = 1024 * 1024
+PULL_BYTES_MAX = 4 * 1024 * 1024
+# A read's BATCHes of small stored batches joined are copied into buffers it uses again
+# once sent (connection.BufferPool): two pulls' worth of them.
+JOINED_BYTES_MAX = 2 * PULL_BYTES_MAX
 
 
 def event(level: int, name: str, **fields) -> None:
@@ -412,6 +415,7 @@ class _Subscription:
         self.credit_event = asyncio.Event()
         self.reader = None
         self._pulling: concurrent.futures.Future | None = None
+        self._joined = BufferPool(JOINED_BYTES_MAX)  # used by one pull at a time
         self._ended = False
         self._end_code: ErrorCode | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -482,27 +486,37 @@ class _Subscription:
                 await self.credit_event.wait()
             if self._pulling is None:
                 self._pulling = server.submit_blocking(pull_batches, slices,
-                                                       min(self.credit, PULL_BYTES_MAX))
-            batches, status = await asyncio.wrap_future(self._pulling)
+                                                       min(self.credit, PULL_BYTES_MAX),
+                                                       self._joined.take)
+            batches, status, error = await asyncio.wrap_future(self._pulling)
             self._pulling = None
             left = self.credit - sum(len(batch[4]) for batch in batches)
             if status is MORE and left > 0:
                 self._pulling = server.submit_blocking(pull_batches, slices,
-                                                       min(left, PULL_BYTES_MAX))
+                                                       min(left, PULL_BYTES_MAX),
+                                                       self._joined.take)
             await self._send(reader, batches)
+            del batches  # (the chunk they view is freed before the next pull reads one)
+            if status is FAILED:
+                raise error
             if status is END:
                 return
             if status is WAIT:
                 await reader.wait_async()  # raises LogClosed when the log closes
 
     async def _send(self, reader, batches) -> None:
-        session, counters = self.session, self.session.server.metrics.counters
+        session = self.session
         rid, number = self.request.request_id, self.request.partition
+        records = nbytes = 0
         for base, count, txn_id, flags, payload in batches:
             session.send(Batch(rid, number, base, txn_id, count, flags, payload))
-            self.credit -= len(payload)
-            counters["read_records"] += count
-            counters["read_bytes"] += len(payload)
+            records += count
+            nbytes += len(payload)
+        self.credit -= nbytes
+        if batches:  # once per pull: a counter's update takes locks
+            counters = session.server.metrics.counters
+            counters["read_records"] += records
+            counters["read_bytes"] += nbytes
         await session.writer.drain()
 
     def _release(self) -> None:
