@@ -35,17 +35,16 @@ both ports before the log is opened, so that a port in use fails before the daem
 creates anything.
 
 Memory after a flood: each connection, refused ones too, holds a receive buffer of
-SCRATCH_BYTES (1 MiB, connection.py). An ended session is a reference cycle (its read
-task keeps the exception that ended it, whose traceback holds the session and its
-channel), so the buffer lives until Python's cycle collector runs, and an idle daemon
-allocates too little to make it run: after a flood of hostile connections every buffer
-stayed. And once freed, a buffer may still not go back to the system: glibc serves the
-first from mmap and gives it back, but then raises its mmap threshold above that size,
-so the buffers of later connections come from the heap, whose freed pages below its top
-it keeps. So once RELEASE_AFTER_ENDED connections have ended and the open ones are down
-to half their peak, the ticker runs `release_freed_memory` on the thread pool: a full
-collection, then glibc's malloc_trim(0). A daemon whose connections come and go at a
-steady count keeps its heap for the next ones.
+SCRATCH_BYTES (1 MiB, connection.py). An ended session is freed by its reference count
+(session.py keeps no cycle: no bound methods of its own, no finished read task, no
+wait_for around the last drain), so its buffer is freed at once; but a freed buffer may
+still not go back to the system: glibc serves the first from mmap and gives it back,
+but then raises its mmap threshold above that size, so the buffers of later
+connections come from the heap, whose freed pages below its top it keeps. So once
+RELEASE_AFTER_ENDED connections have ended and the open ones are down to half their
+peak, the ticker runs `release_freed_memory` on the thread pool: a full collection (for
+any cycle still left), then glibc's malloc_trim(0). A daemon whose connections come and
+go at a steady count keeps its heap for the next ones.
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ class Session:
         self.conn.frame_bytes_max = server.config.frame_bytes_max
         self.conn.messages = server.operations.messages
         self._operations = server.operations.by_type
-        self._handlers = {type_: getattr(self, name) for type_, name in self.HANDLERS.items()}
+        # (the class's functions, not bound methods: those would hold this session)
+        self._handlers = {type_: getattr(Session, name) for type_, name in self.HANDLERS.items()}
         self.tasks: set[asyncio.Task] = set()
         self.subscriptions: dict[int, _Subscription] = {}
         self.inflight_bytes = 0
@@ -121,6 +122,9 @@ class Session:
         try:
             await self._finish()
         finally:
+            # The read task keeps the exception that ended it, whose traceback holds this
+            # session: a cycle that kept the session's buffers until a full collection.
+            self._read_task = None
             event(logging.INFO, "connection_closed", peer=self.peer, connection=self.number,
                   reason=reason, requests=self.requests)
             self.finished.set()
@@ -152,9 +156,10 @@ class Session:
         if self.subscriptions:
             await asyncio.wait([s.task for s in self.subscriptions.values()])
         self.closed = True
-        try:
-            await asyncio.wait_for(self.writer.drain(), 5.0)
-        except (ConnectionError, asyncio.TimeoutError, OSError):
+        try:  # (not wait_for: its task, kept by the error's traceback, keeps the error)
+            async with asyncio.timeout(5.0):
+                await self.writer.drain()
+        except (ConnectionError, TimeoutError, OSError):
             pass
         self.writer.close()
 
@@ -239,7 +244,7 @@ class Session:
     def _dispatch(self, message: Message) -> None:
         handler = self._handlers.get(message.TYPE)
         if handler is not None:
-            handler(message)
+            handler(self, message)
         else:
             self._spawn(self._answer(message, self._operations[message.TYPE]), 0)
 

@@ -181,3 +181,38 @@ def released(caplog) -> dict | None:
     found = [record.fields for record in caplog.records
              if record.getMessage() == "memory_released"]
     return found[0] if found else None
+
+
+@pytest.mark.parametrize("garbage", [b"GET / HTTP/1.1\r\n\r\n", b""], ids=["refused", "silent"])
+def test_an_ended_session_is_freed_without_the_cycle_collector(tmp_path, garbage):
+    import gc
+    import weakref
+    log = streamlog.open_log(str(tmp_path / "log"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = LogServer(log, ServerConfig(token=TOKEN.encode(), port=0, metrics_port=None))
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    gc.collect()
+    gc.disable()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        deadline = time.monotonic() + 10
+        while not server.sessions and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (session,) = list(server.sessions)
+        ended = weakref.ref(session)
+        del session
+        if garbage:
+            sock.sendall(garbage)  # a protocol error ends it
+        sock.close()
+        while (server.sessions or ended() is not None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ended() is None  # freed by its reference count alone
+    finally:
+        gc.enable()
+        asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        log.close()
