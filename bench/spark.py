@@ -16,13 +16,31 @@ offset, timestamp, key, value), are written once with pyarrow as 2 Parquet files
 
 Figures (rows per second; best of --repeat runs after one warm-up, each timed from the
 action's call to its return, so each includes Spark's planning and task start-up; the
-streamlog and Parquet runs take turns; `*_median` beside each best):
+streamlog, bound and Parquet runs take turns; `*_median` beside each best):
   streamlog_read_rps        spark.read.format("streamlog") of the log -> format("noop")
   parquet_read_rps          spark.read.parquet of the same rows -> format("noop")
   streamlog_write_rps       the Parquet rows' key, value, timestamp -> df.write
                             .format("streamlog") into a new 2-partition stream, fsync=always
                             (executors stage Arrow files, the driver commits them)
   parquet_write_rps         the same DataFrame -> df.write.parquet (no fsync)
+  noop_source_read_rps      the bound on any Python data source's read: a source whose
+                            reader yields, for each of 2 partitions, N/2 rows of the
+                            streamlog schema as pyarrow RecordBatches of BOUND_BATCH_ROWS
+                            rows built once per Python worker (random keys and values of
+                            the same sizes) -> format("noop")
+  noop_sink_write_rps       the bound on any Python data sink's write: the DataFrame of
+                            streamlog_write_rps -> a DataSourceArrowWriter whose write()
+                            counts the Arrow batches and drops them (no commit work)
+  durable_sink_write_rps    the same DataFrame -> the least a durable Python sink does:
+                            each task writes the Arrow batches it gets to one file
+                            (Arrow IPC, as they came) and fsyncs it and its directory;
+                            no routing of rows, no commit
+The Parquet source and sink run in the JVM; a Python source's rows cross from a Python
+worker to the JVM as Arrow IPC, and a Python sink's the other way, so the no-op pair
+measures what Spark's exchange with its Python workers leaves to us. Ratios:
+read_vs_parquet, streamlog_read_vs_noop_source, noop_source_vs_parquet, and the same
+three for the write (write_vs_parquet, streamlog_write_vs_noop_sink,
+noop_sink_vs_parquet), and streamlog_write_vs_durable_sink, durable_sink_vs_noop_sink.
   streamlog_stream_rps      readStream.format("streamlog") from earliest,
                             maxOffsetsPerTrigger N/4, Trigger.AvailableNow -> "noop"
   streamlog_stream_sink_rps the same stream's key, value, timestamp -> writeStream
@@ -53,8 +71,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from _common import (  # noqa: E402  (bench/ is on sys.path when run as a script)
-    DEFAULT_WORKDIR, Row, Target, attempt, fresh_dir, median, phase, progress, publish,
-    rate, ratio, remove, timed)
+    DEFAULT_WORKDIR, Row, Target, add_ratios, attempt, fresh_dir, median, phase, progress,
+    publish, rate, remove, timed)
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage)
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = "events"
@@ -70,6 +90,7 @@ TS_JITTER_US = 15
 # about 0.35 us a row of Arrow -> Python conversion.
 ESTIMATE_READ_RPS = PARTITIONS / 0.7e-6
 ESTIMATE_COMMIT_RPS = 1 / (1.0e-6 + 0.35e-6)
+BOUND_BATCH_ROWS = 65536  # the no-op source's batches: the log's batch_records_max
 
 
 def parse_args(argv):
@@ -126,11 +147,130 @@ def build_inputs(workdir: Path, count: int, seed: int) -> tuple[Path, Path]:
 
 
 def _binary(blob: bytes, width: int, lo: int, hi: int):
+    import pyarrow as pa
+    return _fixed_width(pa.binary(), blob[lo * width:hi * width], width, hi - lo)
+
+
+def _fixed_width(kind, blob: bytes, width: int, rows: int):
+    """An Arrow binary or string array of `rows` items of `width` bytes of `blob`."""
     import numpy as np
     import pyarrow as pa
-    offsets = np.arange(0, (hi - lo + 1) * width, width, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), hi - lo, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(blob[lo * width:hi * width])])
+    offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(kind, rows, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+
+
+# ---------------------------------------------------------------- the bounds
+
+class NoopSource(DataSource):
+    """format("streamlog_bench_noop"): read, the streamlog source's schema and row
+    count (option rows, over PARTITIONS partitions) with none of its work; written, a
+    sink that drops what it gets, or with the option path, writes it to files there
+    durably (DurableWriter). Defined in the script, so Spark's cloudpickle carries it
+    to the workers by value."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "streamlog_bench_noop"
+
+    def schema(self):
+        from spark_source._schema import spark_schema  # on the driver's planner only
+        return spark_schema(include_headers=False)
+
+    def reader(self, schema):
+        return NoopReader(int(self.options["rows"]), schema)
+
+    def writer(self, schema, overwrite: bool):
+        if "path" in self.options:
+            return DurableWriter(self.options["path"])
+        return NoopWriter()
+
+
+class NoopReader(DataSourceReader):
+    def __init__(self, rows: int, schema) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+        self.rows = rows
+        self.target = to_arrow_schema(schema, timezone="UTC")
+
+    def partitions(self):
+        share = self.rows // PARTITIONS
+        return [InputPartition(self.rows - share * (PARTITIONS - 1) if number == 0 else share)
+                for number in range(PARTITIONS)]
+
+    def read(self, partition):
+        rows = partition.value
+        batch = _bound_batch(self.target)
+        for start in range(0, rows, batch.num_rows):
+            yield batch if start + batch.num_rows <= rows else batch.slice(0, rows - start)
+
+
+def _bound_batch(target):
+    """One batch of `target`, BOUND_BATCH_ROWS rows: a stream name, offsets, rising
+    timestamps, random keys and values of KEY_BYTES and VALUE_BYTES. Built once per
+    Python worker: Spark rebuilds this script's classes (carried by value) for every
+    task, so the batch is kept on a module object of the worker's, which a reused
+    worker keeps from task to task."""
+    import types
+    cache = sys.modules.setdefault("_streamlog_bench_bound", types.ModuleType("_bound"))
+    if getattr(cache, "batch", None) is None or not cache.batch.schema.equals(target):
+        cache.batch = _random_batch(target, BOUND_BATCH_ROWS)
+    return cache.batch
+
+
+def _random_batch(target, rows: int):
+    import numpy as np
+    import pyarrow as pa
+    offsets = np.arange(rows, dtype=np.int64)
+    rng = np.random.default_rng(1)
+    arrays = [_fixed_width(pa.string(), STREAM.encode() * rows, len(STREAM), rows),
+              pa.array(np.zeros(rows, dtype=np.int32)), pa.array(offsets),
+              pa.array(1_700_000_000_000_000 + offsets * TS_STEP_US).cast(target[3].type),
+              pa.array(np.zeros(rows, dtype=np.int32)),
+              _fixed_width(pa.binary(), rng.bytes(rows * KEY_BYTES), KEY_BYTES, rows),
+              _fixed_width(pa.binary(), rng.bytes(rows * VALUE_BYTES), VALUE_BYTES, rows)]
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+class NoopWriter(DataSourceArrowWriter):
+    """Counts the Arrow batches Spark hands it and drops them; commits nothing."""
+
+    def write(self, iterator):
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return WriterCommitMessage()
+
+    def commit(self, messages) -> None:
+        assert all(message is not None for message in messages)
+
+
+class DurableWriter(NoopWriter):
+    """Writes the Arrow batches of a task, as they come, to one file in `directory`, and
+    fsyncs the file and the directory; commits nothing."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def write(self, iterator):
+        import uuid
+
+        import pyarrow as pa
+        os.makedirs(self.directory, exist_ok=True)
+        with open(os.path.join(self.directory, uuid.uuid4().hex), "wb") as file:
+            writer = None
+            for batch in iterator:
+                if writer is None:
+                    writer = pa.ipc.new_file(file, batch.schema)
+                writer.write_batch(batch)
+            if writer is not None:
+                writer.close()
+            file.flush()
+            os.fsync(file.fileno())
+        handle = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        return WriterCommitMessage()
 
 
 # ---------------------------------------------------------------- Spark
@@ -151,6 +291,7 @@ def start_spark():
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_source.register(spark)
+    spark.dataSource.register(NoopSource)
     return spark
 
 
@@ -176,13 +317,18 @@ def record(figures: dict, name: str, count: int, seconds: tuple[float, float]) -
 def measure_reads(spark, figures, log_path: Path, parquet_path: Path, count: int, repeat):
     source = (spark.read.format("streamlog").option("path", str(log_path))
               .option("stream", STREAM))
+    bound = spark.read.format(NoopSource.name()).option("rows", str(count))
     assert source.load().count() == count
+    assert bound.load().count() == count
+    assert bound.load().schema == source.load().schema
     assert spark.read.parquet(str(parquet_path)).count() == count
     results = interleaved(repeat, {
         "streamlog": lambda _: source.load().write.format("noop").mode("overwrite").save(),
+        "noop source": lambda _: bound.load().write.format("noop").mode("overwrite").save(),
         "parquet": lambda _: (spark.read.parquet(str(parquet_path)).write.format("noop")
                               .mode("overwrite").save())})
     record(figures, "streamlog_read_rps", count, results["streamlog"])
+    record(figures, "noop_source_read_rps", count, results["noop source"])
     record(figures, "parquet_read_rps", count, results["parquet"])
 
 
@@ -197,9 +343,21 @@ def measure_writes(spark, figures, workdir: Path, parquet_path: Path, count: int
     def to_parquet(run: int) -> None:
         rows.write.mode("overwrite").parquet(str(workdir / f"write-{run}.parquet"))
 
-    results = interleaved(repeat, {"streamlog": to_streamlog, "parquet": to_parquet})
+    def to_noop_sink(_run: int) -> None:
+        rows.write.format(NoopSource.name()).mode("append").save()
+
+    def to_durable_sink(run: int) -> None:
+        (rows.write.format(NoopSource.name()).mode("append")
+         .option("path", str(workdir / f"durable-{run}")).save())
+
+    results = interleaved(repeat, {"streamlog": to_streamlog, "noop sink": to_noop_sink,
+                                   "durable sink": to_durable_sink, "parquet": to_parquet})
     record(figures, "streamlog_write_rps", count, results["streamlog"])
+    record(figures, "noop_sink_write_rps", count, results["noop sink"])
+    record(figures, "durable_sink_write_rps", count, results["durable sink"])
     record(figures, "parquet_write_rps", count, results["parquet"])
+    for written in workdir.glob("durable-*"):
+        remove(written)
     assert count_records(workdir / "write-0.log", "out") == count
 
 
@@ -286,28 +444,38 @@ def _timed_appends(log, count: int, reset, arrived, before_each=None) -> None:
         log.append_sync("tail", label + b":%d" % (time.time_ns() // 1000),
                         partition=partition)
 
-    def wait_for(rows: int, deadline: float) -> None:
-        while arrived() < rows:
+    def pause(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
             if before_each is not None:
                 before_each(0.005)
             else:
                 time.sleep(0.005)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {arrived()} of {rows} rows arrived")
+
+    def arrive(rows: int, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while arrived() < rows and time.monotonic() < deadline:
+            pause(0.005)
+        return arrived() >= rows
 
     time.sleep(3)  # the query's first (empty) trigger
-    append(b"warm-up", 0)
-    wait_for(1, time.monotonic() + 120)
+    # A query slower to start than that takes `latest` after the warm-up record, which
+    # it then never sees: another one every 5 s until one arrives, then a second for
+    # any others to arrive before the count starts.
+    deadline = time.monotonic() + 120
+    while True:
+        append(b"warm-up", 0)
+        if arrive(1, 5):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("no warm-up record arrived in 120 s")
+    pause(1)
     reset()
     for i in range(count):
         append(b"%d" % i, i % PARTITIONS)
-        next_at = time.monotonic() + 0.1
-        while time.monotonic() < next_at:
-            if before_each is not None:
-                before_each(0.005)
-            else:
-                time.sleep(0.005)
-    wait_for(count, time.monotonic() + 60)
+        pause(0.1)
+    if not arrive(count, 60):
+        raise RuntimeError(f"only {arrived()} of {count} rows arrived")
 
 
 class _OutputWatcher:
@@ -360,11 +528,19 @@ def count_records(path: Path, stream: str) -> int:
 # ---------------------------------------------------------------- report
 
 ROWS = [
-    Row("streamlog read", "streamlog_read_rps", "rows/s", {"vs parquet": "parquet_read_rps",
-                                                          "vs estimate": "estimate_read_rps"}),
+    Row("streamlog read", "streamlog_read_rps", "rows/s",
+        {"vs parquet": "parquet_read_rps", "vs no-op": "noop_source_read_rps",
+         "vs estimate": "estimate_read_rps"}),
+    Row("no-op Python source read", "noop_source_read_rps", "rows/s",
+        {"vs parquet": "parquet_read_rps"}),
     Row("parquet read", "parquet_read_rps", "rows/s"),
     Row("streamlog write (fsync always)", "streamlog_write_rps", "rows/s",
-        {"vs parquet": "parquet_write_rps", "vs estimate": "estimate_commit_rps"}),
+        {"vs parquet": "parquet_write_rps", "vs no-op": "noop_sink_write_rps",
+         "vs estimate": "estimate_commit_rps"}),
+    Row("no-op Python sink write", "noop_sink_write_rps", "rows/s",
+        {"vs parquet": "parquet_write_rps"}),
+    Row("durable no-op sink write", "durable_sink_write_rps", "rows/s",
+        {"vs parquet": "parquet_write_rps", "vs no-op": "noop_sink_write_rps"}),
     Row("parquet write", "parquet_write_rps", "rows/s"),
     Row("streamlog stream -> noop", "streamlog_stream_rps", "rows/s",
         {"vs parquet": "parquet_read_rps"}),
@@ -382,7 +558,21 @@ TARGETS = [
            lambda f: f["streamlog_read_rps"] >= f["parquet_read_rps"]),
     Target("write >= 1.0x Parquet's rows/s",
            lambda f: f["streamlog_write_rps"] >= f["parquet_write_rps"]),
+    Target("streamlog read >= 0.9x the no-op Python source",
+           lambda f: f["streamlog_read_rps"] >= 0.9 * f["noop_source_read_rps"]),
+    Target("streamlog write >= 0.9x the no-op Python sink",
+           lambda f: f["streamlog_write_rps"] >= 0.9 * f["noop_sink_write_rps"]),
 ]
+RATIOS = {
+    "read_vs_parquet": ("streamlog_read_rps", "parquet_read_rps"),
+    "streamlog_read_vs_noop_source": ("streamlog_read_rps", "noop_source_read_rps"),
+    "noop_source_vs_parquet": ("noop_source_read_rps", "parquet_read_rps"),
+    "write_vs_parquet": ("streamlog_write_rps", "parquet_write_rps"),
+    "streamlog_write_vs_noop_sink": ("streamlog_write_rps", "noop_sink_write_rps"),
+    "noop_sink_vs_parquet": ("noop_sink_write_rps", "parquet_write_rps"),
+    "streamlog_write_vs_durable_sink": ("streamlog_write_rps", "durable_sink_write_rps"),
+    "durable_sink_vs_noop_sink": ("durable_sink_write_rps", "noop_sink_write_rps"),
+}
 
 
 def run(args) -> tuple[dict, list[str]]:
@@ -414,17 +604,15 @@ def run(args) -> tuple[dict, list[str]]:
         spark.stop()
         if not args.keep:
             remove(workdir)
-    figures["read_vs_parquet"] = ratio(figures.get("streamlog_read_rps"),
-                                       figures.get("parquet_read_rps"))
-    figures["write_vs_parquet"] = ratio(figures.get("streamlog_write_rps"),
-                                        figures.get("parquet_write_rps"))
+    add_ratios(figures, RATIOS)
     return figures, failures
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     figures, failures = run(args)
-    publish("spark", figures, failures, ROWS, ["vs parquet", "vs estimate"], TARGETS)
+    publish("spark", figures, failures, ROWS, ["vs parquet", "vs no-op", "vs estimate"],
+            TARGETS)
 
 
 if __name__ == "__main__":

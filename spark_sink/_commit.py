@@ -26,12 +26,18 @@ truncate
 The per-partition check makes a commit that dies between partitions safe: the replay
 skips the partitions that made it and completes the others. It needs every row of a
 replayed batch to land in the same partition as before (see _columns.py: routing is a
-hash, never round robin). Rows go in chunks of at most CHUNK_ROWS, converted from Arrow
-as they go, so memory stays bounded for a large batch.
+hash, never round robin). Since each partition's commit stands alone, the partitions
+are committed side by side (`each_partition`): each has its own writer thread, files
+and fsyncs, so one's disk waits overlap another's. The staged runs (large, of one
+partition each: _staging.py) go in as Arrow columns, each run as it is in its
+memory-mapped file, small ones grouped (`append_groups`); rows with headers are
+converted to Python objects in chunks of at most CHUNK_ROWS, so memory stays bounded
+for a large batch.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -46,6 +52,11 @@ log = logging.getLogger("streamlog.spark")
 
 CHUNK_ROWS = 65536
 START_BATCH = -1
+# Staged runs smaller than this are appended together (one durable append each group).
+GROUP_BYTES = 8 << 20
+# Partitions committed at once (threads of the committing process, mostly waiting on
+# their partition's writer thread).
+COMMIT_THREADS_MAX = 4
 
 
 @contextlib.contextmanager
@@ -111,37 +122,53 @@ def commit_streaming(options: SinkOptions, paths: list[str], batch_id: int, tag:
     with outcome "committed", "skipped" (already committed) or "empty"."""
     assert batch_id >= 0
     runs = gather_runs(paths)
-    outcomes = {}
     with open_writable(options) as target:
         count = target.partition_count(options.stream)
-        for number in range(count):
-            last = parse_marker(target.last_commit(options.stream, number, tag))
-            if last is not None and last[0] >= batch_id:
-                outcomes[number] = "skipped"
-                continue
-            if options.mode == TRUNCATE:
-                _forget_after(target, options.stream, number, last)
-            if number not in runs:
-                outcomes[number] = "empty"
-                continue
-            if options.mode == TRUNCATE:
-                if last is None:
-                    _marker(target, options.stream, number, tag, START_BATCH)
-                _append_runs(target, options.stream, number, runs[number], txn_id=0)
-                _marker(target, options.stream, number, tag, batch_id)
-            else:
-                _append_in_txn(target, options.stream, number, runs[number], tag,
-                               f"{batch_id}", producer=_QueryProducer(target, options, number, tag))
-            outcomes[number] = "committed"
-    return outcomes
+        return each_partition(range(count), lambda number: _commit_partition(
+            target, options, number, runs.get(number), batch_id, tag))
+
+
+def _commit_partition(target, options: SinkOptions, number: int, runs, batch_id: int,
+                      tag: str) -> str:
+    """commit_streaming in one partition; returns its outcome."""
+    last = parse_marker(target.last_commit(options.stream, number, tag))
+    if last is not None and last[0] >= batch_id:
+        return "skipped"
+    if options.mode == TRUNCATE:
+        _forget_after(target, options.stream, number, last)
+    if not runs:
+        return "empty"
+    if options.mode == TRUNCATE:
+        if last is None:
+            _marker(target, options.stream, number, tag, START_BATCH)
+        _append_runs(target, options.stream, number, runs, txn_id=0)
+        _marker(target, options.stream, number, tag, batch_id)
+    else:
+        _append_in_txn(target, options.stream, number, runs, tag, f"{batch_id}",
+                       producer=_QueryProducer(target, options, number, tag))
+    return "committed"
 
 
 def commit_once(options: SinkOptions, paths: list[str], tag: str, note: str) -> None:
     """A batch df.write: each partition's rows under one transaction, then committed."""
     runs = gather_runs(paths)
     with open_writable(options) as target:
-        for number in sorted(runs):
-            _append_in_txn(target, options.stream, number, runs[number], tag, note)
+        each_partition(sorted(runs), lambda number: _append_in_txn(
+            target, options.stream, number, runs[number], tag, note))
+
+
+def each_partition(numbers, work) -> dict:
+    """{number: work(number)} for each log partition in `numbers`, run side by side on
+    up to COMMIT_THREADS_MAX threads. Every partition's work has ended when this
+    returns or raises (the error of the first partition in `numbers` that failed)."""
+    numbers = list(numbers)
+    if len(numbers) <= 1:
+        return {number: work(number) for number in numbers}
+    threads = min(len(numbers), COMMIT_THREADS_MAX)
+    with concurrent.futures.ThreadPoolExecutor(threads, "streamlog-sink-commit") as pool:
+        futures = {number: pool.submit(work, number) for number in numbers}
+    assert all(future.done() for future in futures.values())
+    return {number: future.result() for number, future in futures.items()}
 
 
 # {(log path, stream, partition, transactional id): epoch} of the producers this process
@@ -241,19 +268,20 @@ def _abort_quietly(target, stream: str, number: int, txn_id: int) -> None:
 
 
 def _append_runs(target, stream: str, number: int, runs, *, txn_id: int) -> None:
-    """Append staged runs of one partition in chunks that each fit one frame of the log
-    (so the log takes each chunk whole, without cutting it row by row). Without headers,
-    as Arrow columns (append_columns); otherwise converted to Python objects chunk by
-    chunk, the conversion of the next chunk overlapping the write and fsync of the
+    """Append staged runs of one partition. Without headers, as Arrow columns
+    (append_columns: the log cuts frames from the runs' buffers), a run or a group of
+    small ones at a time. Otherwise converted to Python objects in chunks that each fit
+    one frame of the log (so the log takes each chunk whole, without cutting it row by
+    row), the conversion of the next chunk overlapping the write and fsync of the
     previous one on a second thread."""
-    import concurrent.futures
-    rows_max = _chunk_rows(target, runs)
     if _columnar(target, runs):  # Arrow in, no conversion to Python objects
         import pyarrow as pa
-        for chunk in chunks(runs, rows_max):
-            table = pa.Table.from_batches(chunk).select(["value", "key", "timestamp"])
-            target.append_columns_sync(stream, table, partition=number, txn_id=txn_id)
+        for group in append_groups(runs, GROUP_BYTES):
+            data = group[0] if len(group) == 1 else pa.Table.from_batches(group)
+            target.append_columns_sync(stream, data.select(["value", "key", "timestamp"]),
+                                       partition=number, txn_id=txn_id)
         return
+    rows_max = _chunk_rows(target, runs)
     with concurrent.futures.ThreadPoolExecutor(1, "streamlog-sink-append") as pool:
         pending = None
         for chunk in chunks(runs, rows_max):
@@ -288,6 +316,22 @@ def _chunk_rows(target, runs) -> int:
     per_row = size / max(rows, 1) + RECORD_OVERHEAD_BYTES + 8  # (8: slack)
     by_bytes = int(config.frame_bytes_max // 2 * 0.9 / per_row)
     return max(1, min(config.batch_records_max, CHUNK_ROWS, by_bytes))
+
+
+def append_groups(runs, bytes_max: int):
+    """Yield lists of consecutive runs, each list one append: runs join a group while
+    it stays within `bytes_max`, so a run that large is alone (appended without a
+    copy) and small ones share an append (one fsync under fsync=always)."""
+    assert bytes_max > 0
+    group, size = [], 0
+    for run in runs:
+        if group and size + run.nbytes > bytes_max:
+            yield group
+            group, size = [], 0
+        group.append(run)
+        size += run.nbytes
+    if group:
+        yield group
 
 
 def chunks(runs, rows_max: int):
