@@ -17,6 +17,9 @@ Figures (each process is a child of this one; memory is VmRSS from /proc/PID/sta
                         each run beside one of `python -c pass` (python_startup_ms), in
                         turn, so both see the same machine; read_vs_python is the ratio.
                         read_cpu_ms and read_peak_rss_mib from the child's rusage.
+                        Bytecode caches on, as a pip installation has them (the
+                        children's environment drops PYTHONDONTWRITEBYTECODE; the
+                        warm-up runs write the caches).
   idle_rss_mib          `streamlog serve LOG` (no --kafka-port; metrics on, never
                         scraped) IDLE_SETTLE_S after its "listening" line, no client ever
                         connected; idle_rss_mib_kafka the same with --kafka-port 0.
@@ -87,9 +90,13 @@ TARGETS = [
 # ---------------------------------------------------------------- processes
 
 def environment(code: str | None) -> dict:
-    """The children's environment: commit REV's code first on the path when given."""
+    """The children's environment: commit REV's code first on the path when given, and
+    Python's bytecode caches written and read as on a user's machine (an environment
+    with PYTHONDONTWRITEBYTECODE set would compile every module from source at every
+    start: the warm-up runs write the caches)."""
     env = dict(os.environ, STREAMLOG_TOKEN=TOKEN)
     env.pop("PYTHONPATH", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if code:
         env["PYTHONPATH"] = code
     return env
