@@ -279,10 +279,7 @@ class Log(FollowOperations, TxnOperations, AdminOperations):
         """Append one record; returns where it landed once durable under the policy.
         Plain records awaited from many tasks at once go to the writer together, one
         batch per turn of the event loop (coalesce.py)."""
-        partitions = self._streams.get(stream) if type(stream) is str else None
-        if (partitions is None or self.closed or self._gone or self.readonly
-                or layout.is_internal(stream)):  # (the checks _writable makes, first)
-            partitions = self._writable(stream)
+        partitions = self._writable(stream)
         plain = self._rules.plain(stream, len(partitions), value, key, timestamp_us,
                                   partition, headers, kind, txn_id)
         if plain is None:

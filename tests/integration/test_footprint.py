@@ -12,6 +12,7 @@ held (its "memory_released" event). bench/footprint.py measures the figures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -151,13 +152,7 @@ def test_an_idle_daemon_loads_no_arrow_or_kafka_and_still_serves_them(tmp_path):
 def test_ended_connections_have_their_memory_released(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("streamlog"), "propagate", True)  # to caplog
     caplog.set_level(logging.INFO, logger="streamlog")
-    log = streamlog.open_log(str(tmp_path / "log"))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = LogServer(log, ServerConfig(token=TOKEN.encode(), port=0, metrics_port=None))
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-    try:
+    with server_in_thread(tmp_path) as server:
         sockets = [socket.create_connection(("127.0.0.1", server.port))
                    for _ in range(RELEASE_AFTER_ENDED + 8)]
         for sock in sockets[::2]:
@@ -170,11 +165,6 @@ def test_ended_connections_have_their_memory_released(tmp_path, caplog, monkeypa
         fields = released(caplog)
         assert fields and fields["connections_ended"] >= RELEASE_AFTER_ENDED, fields
         assert fields["connections"] == 0
-    finally:
-        asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def released(caplog) -> dict | None:
@@ -187,30 +177,39 @@ def released(caplog) -> dict | None:
 def test_an_ended_session_is_freed_without_the_cycle_collector(tmp_path, garbage):
     import gc
     import weakref
+    with server_in_thread(tmp_path) as server:
+        gc.collect()
+        gc.disable()
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            deadline = time.monotonic() + 10
+            while not server.sessions and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (session,) = list(server.sessions)
+            ended = weakref.ref(session)
+            del session
+            if garbage:
+                sock.sendall(garbage)  # a protocol error ends it
+            sock.close()
+            while (server.sessions or ended() is not None) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ended() is None  # freed by its reference count alone
+        finally:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def server_in_thread(tmp_path):
+    """A LogServer on a log of its own, its event loop on a thread; drained at the end."""
     log = streamlog.open_log(str(tmp_path / "log"))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     server = LogServer(log, ServerConfig(token=TOKEN.encode(), port=0, metrics_port=None))
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-    gc.collect()
-    gc.disable()
     try:
-        sock = socket.create_connection(("127.0.0.1", server.port))
-        deadline = time.monotonic() + 10
-        while not server.sessions and time.monotonic() < deadline:
-            time.sleep(0.01)
-        (session,) = list(server.sessions)
-        ended = weakref.ref(session)
-        del session
-        if garbage:
-            sock.sendall(garbage)  # a protocol error ends it
-        sock.close()
-        while (server.sessions or ended() is not None) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ended() is None  # freed by its reference count alone
+        yield server
     finally:
-        gc.enable()
         asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
