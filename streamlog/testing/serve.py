@@ -23,15 +23,18 @@ class ServeProcess:
     `port` / `metrics_port` (strings) replace those two options; None leaves one out (the
     daemon's default: 7541, metrics on the data port + 1). `metrics_port` is the one the
     daemon bound, None with no HTTP port. `kafka_port` (a string, "0": any free port)
-    adds --kafka-port; `self.kafka_port` is then the port bound (else None)."""
+    adds --kafka-port; `self.kafka_port` is then the port bound (else None).
+    `console_port` likewise ("none", the default here, turns the console off; "0": any
+    free port); `self.console_port` and `self.console_url` then name it."""
 
     def __init__(self, path, *extra: str, token: str, start_timeout_s: float = 30,
                  port: str | None = "0", metrics_port: str | None = "off",
-                 kafka_port: str | None = None) -> None:
+                 kafka_port: str | None = None, console_port: str | None = "none") -> None:
         env = dict(os.environ, STREAMLOG_TOKEN=token)
         options = [*(("--port", port) if port is not None else ()),
                    *(("--metrics-port", metrics_port) if metrics_port is not None else ()),
-                   *(("--kafka-port", kafka_port) if kafka_port is not None else ())]
+                   *(("--kafka-port", kafka_port) if kafka_port is not None else ()),
+                   *(("--console-port", console_port) if console_port is not None else ())]
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVE, str(path), *options, *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -50,6 +53,10 @@ class ServeProcess:
         kafka = next((line for line in self.lines if line.get("event") == "kafka_listening"),
                      None)
         self.kafka_port = kafka["kafka_port"] if kafka else None
+        console = next((line for line in self.lines if line.get("event") ==
+                        "console_listening"), None)
+        self.console_port = console["console_port"] if console else None
+        self.console_url = f"http://127.0.0.1:{self.console_port}" if console else None
 
     def _collect(self) -> None:
         for line in self.proc.stderr:

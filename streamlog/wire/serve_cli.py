@@ -17,7 +17,7 @@ the open drains as soon as the log is open.
 
 Exit codes: 0 after a drain; 1 the log cannot be opened (corruption, a data error);
 2 usage: no token, bad TLS files, a port that cannot be bound (in use, not allowed;
-the message names the port and says "data", "metrics" or "kafka"). The help's epilog
+the message names the port and says "data", "metrics", "kafka" or "console"). The help's epilog
 is the operator's documentation. With --kafka-port the Kafka listener (kafka/) is
 bound with the others and serves the same log once it is open.
 """
@@ -68,6 +68,8 @@ ports:
                   PROMETHEUS_DISABLE_CREATED_SERIES=True in the environment drops them)
   The first log line ("listening") names both ports. A port in use is one line naming
   it (data or metrics port) and exit 2; nothing is created then.
+  --console-port C (default P+2, that is 7543; any free port when P is 0; 0: any
+  free port; none: no console) serves the web console (below).
   --host other than loopback exposes the daemon to the network: use TLS there.
 
 TLS:
@@ -83,6 +85,18 @@ Kafka:
   when the daemon serves TLS, which then covers this port too). --kafka-auth none
   (explicitly) lets any client in without SASL. A "kafka_listening" line, just before
   "listening", names kafka_port.
+
+console:
+  http://HOST:C/ in a browser: the streams and partitions (offsets, sizes, event
+  times, append rates, verification, holds, open transactions, the store's lag), a
+  message browser (seek by offset or by event time, page, filter by key or value text,
+  follow the live tail), consumer groups with their lag, operator jobs and the log's
+  recovery. Sign in as Kafka clients do: user "streamlog", the token as the password
+  (scripts: HTTP Basic, e.g. curl -u streamlog:$STREAMLOG_TOKEN HOST:C/api/overview).
+  Read-only unless --console-write: then produce a record, move a group's committed
+  offsets (to the earliest, the latest or a time) and apply retention, each confirmed.
+  Served over TLS (https://) when the daemon serves TLS. Five wrong passwords in a
+  minute from one address are refused for the rest of that minute.
 
 object store:
   --remote s3://BUCKET/PREFIX tiers the log to an S3-compatible object store:
@@ -119,6 +133,7 @@ examples:
   streamlog serve data/log --port 9100 --metrics-port none  # no HTTP port
   streamlog serve data/log --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
   streamlog serve data/log --kafka-port 9092                # and Kafka clients on 9092
+  streamlog serve data/log --console-write                  # console on 7543, writable
   streamlog serve data/log --remote s3://streamlog/prod     # tiered to a store
   kcat -b 127.0.0.1:9092 -X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN \
        -X sasl.username=streamlog -X sasl.password="$STREAMLOG_TOKEN" -C -t events -e
@@ -179,6 +194,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kafka-auth", choices=("plain", "none"), default="plain",
                         help="Kafka clients' authentication: SASL/PLAIN with user "
                              "'streamlog' and the token (default), or none")
+    parser.add_argument("--console-port", type=_metrics_port, metavar="C",
+                        help="the web console's port (default P+2; 0: any free port; "
+                             "none: no console)")
+    parser.add_argument("--console-write", action="store_true",
+                        help="let the console write: produce, move a group's offsets, "
+                             "apply retention (default: read-only)")
     parser.add_argument("--remote", metavar="URL",
                         help="tier the log to an object store: s3://BUCKET/PREFIX "
                              "(endpoint and keys from the AWS_* variables)")
@@ -217,6 +238,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         metrics_port = metrics_port_for(args.port, args.metrics_port)
+        args.console_port = console_port_for(args.port, args.console_port, metrics_port)
     except ValueError as error:
         _say(str(error))
         return EXIT_USAGE
@@ -247,6 +269,23 @@ def metrics_port_for(port: int, metrics_port: int | str | None) -> int | None:
     return metrics_port
 
 
+def console_port_for(port: int, console_port: int | str | None,
+                     metrics_port: int | None) -> int | None:
+    """The console's port: None (not given) is the data port + 2 (any free port when
+    the data port is 0), NO_METRICS ("none") is None (no console)."""
+    if console_port == NO_METRICS:
+        return None
+    if console_port is None:
+        if port > 65533:
+            raise ValueError(f"--port {port} leaves no port for the console (P+2): give "
+                             "--console-port C or --console-port none")
+        return port + 2 if port else 0
+    if console_port and console_port in (port, metrics_port):
+        raise ValueError(f"--console-port {console_port} is the "
+                         f"{'data' if console_port == port else 'metrics'} port too")
+    return console_port
+
+
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     """Bind both ports, then open (or create) the log, then serve until a signal (one
     during the open, which can be a long recovery, drains as soon as the log is open)."""
@@ -268,6 +307,14 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         listeners.close()
         _say(str(ListenError("kafka", config.host, args.kafka_port, error)))
         return EXIT_USAGE
+    try:
+        console = await _bind_console(args, config)
+    except OSError as error:
+        listeners.close()
+        if kafka is not None:
+            await kafka.close()
+        _say(str(ListenError("console", config.host, args.console_port, error)))
+        return EXIT_USAGE
     metrics = Metrics()
     try:
         log = await asyncio.to_thread(_open_log, args, metrics)
@@ -275,6 +322,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         listeners.close()
         if kafka is not None:
             await kafka.close()
+        if console is not None:
+            await console.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         _say(f"cannot open {args.log}: {reason}")
         return EXIT_DATA
@@ -284,11 +333,28 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         logging.getLogger("streamlog.kafka").info("kafka_listening", extra={"fields": {
             "host": config.host, "kafka_port": kafka.port, "auth": args.kafka_auth,
             "tls": bool(config.tls_cert)}})
+    if console is not None:
+        console.attach(log, server.blocking, metrics, kafka)
+        logging.getLogger("streamlog.console").info("console_listening", extra={"fields": {
+            "host": config.host, "console_port": console.port, "write": args.console_write,
+            "tls": bool(config.tls_cert)}})
     await server.start(listeners)
     await stop.wait()
-    # Both ports drain at once, and both before the log closes (server.drain).
-    await server.drain(beside=[kafka.close()] if kafka is not None else [])
+    # Every port drains at once, and all before the log closes (server.drain).
+    await server.drain(beside=[listener.close() for listener in (kafka, console)
+                               if listener is not None])
     return EXIT_OK
+
+
+async def _bind_console(args: argparse.Namespace, config: ServerConfig):
+    """The web console (console/) bound on --host:--console-port, or None."""
+    if args.console_port is None:
+        return None
+    from ..console.app import Console, ConsoleOptions
+    from .server import tls_context
+    return await Console.bind(ConsoleOptions(
+        token=config.token, host=config.host, port=args.console_port,
+        tls=tls_context(config), write=args.console_write))
 
 
 async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):

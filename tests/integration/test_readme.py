@@ -99,6 +99,7 @@ CLAIMS = {
     "Benchmarks": "not run: benchmarks take minutes",
     "Kafka clients": "test_kafka_clients",
     "Past one machine: the log in an object store": "test_past_one_machine",
+    "The console": "test_the_console",
 }
 
 
@@ -177,18 +178,20 @@ class Lines:
 
 
 def free_port_pair() -> int:
-    """A port P with P + 1 free as well (the daemon's default metrics port)."""
+    """A port P with P + 1 and P + 2 free as well (the daemon's default metrics and
+    console ports)."""
     for _ in range(50):
         with socket.socket() as a:
             a.bind(("127.0.0.1", 0))
             port = a.getsockname()[1]
             try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", port + 1))
+                for neighbour in (port + 1, port + 2):
+                    with socket.socket() as b:
+                        b.bind(("127.0.0.1", neighbour))
             except OSError:
                 continue
         return port
-    raise RuntimeError("no two adjacent free ports")
+    raise RuntimeError("no three adjacent free ports")
 
 
 def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
@@ -446,6 +449,33 @@ def test_kafka_clients(tmp_path, kcat):
         out = run_python(consume.text.replace("9092", str(kafka_port)), tmp_path, 60)
         assert out.splitlines() == ["0 b'user-1' b'/home'", "1 b'user-2' b'/cart'"]
         assert "# 0 b'user-1' b'/home' ..." in consume.text
+    finally:
+        stop(daemon)
+
+
+def test_the_console(tmp_path):
+    """The console section as printed, on free ports: the daemon with its console, then
+    the script's read of the overview through HTTP Basic."""
+    (block,) = section_blocks("The console")
+    port = free_port_pair()
+    script = block.text.replace("7541", str(port)).replace("7543", str(port + 2))
+    assert script != block.text and "&\n" in script
+    serve_line, rest = script.split("&\n", 1)
+    export = serve_line.splitlines()[0]
+    assert export.startswith("export STREAMLOG_TOKEN=")  # the shell's, for both halves
+    env = shell_env()
+    daemon = subprocess.Popen(["bash", "-c", serve_line], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        wait_for_port(port + 2, daemon)
+        done = subprocess.run(["bash", "-c", f"{export}\n{rest}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        promised = [line[2:] for line in rest.splitlines() if line.startswith("# ")]
+        got = done.stdout.splitlines()
+        assert len(got) == len(promised) >= 2
+        assert all(matches(p, g) for p, g in zip(promised, got)), got
     finally:
         stop(daemon)
 

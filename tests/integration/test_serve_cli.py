@@ -50,14 +50,15 @@ def _bindable(port: int) -> bool:
 
 
 def _free_pair() -> int:
-    """A port P such that P and P + 1 are both free now."""
+    """A port P such that P, P + 1 and P + 2 (the metrics and console defaults) are all
+    free now."""
     for _ in range(50):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        if port < 65535 and _bindable(port) and _bindable(port + 1):
+        if port < 65533 and all(_bindable(port + i) for i in range(3)):
             return port
-    raise AssertionError("no two free neighbouring ports")
+    raise AssertionError("no three free neighbouring ports")
 
 
 @contextlib.contextmanager
@@ -147,7 +148,8 @@ def test_metrics_port_none_serves_no_http(tmp_path, daemons):
     assert _bindable(port + 1)  # nothing took P+1
 
 
-@pytest.mark.parametrize("which", ["data", "metrics", "metrics default P+1"])
+@pytest.mark.parametrize("which", ["data", "metrics", "metrics default P+1", "console",
+                                   "console default P+2"])
 def test_a_port_in_use_is_one_line_naming_it_exit_2_and_nothing_created(tmp_path, which):
     path = tmp_path / "parent" / "log"
     if which == "data":
@@ -156,6 +158,13 @@ def test_a_port_in_use_is_one_line_naming_it_exit_2_and_nothing_created(tmp_path
     elif which == "metrics":
         with _occupied() as busy:
             done = _serve(str(path), "--port", "0", "--metrics-port", str(busy))
+    elif which == "console":
+        with _occupied() as busy:
+            done = _serve(str(path), "--port", "0", "--console-port", str(busy))
+    elif which == "console default P+2":
+        port = _free_pair()
+        with _occupied(port + 2) as busy:
+            done = _serve(str(path), "--port", str(port))
     else:  # the complaint: a second daemon on another port, its P+1 taken
         port = _free_pair()
         with _occupied(port + 1) as busy:
@@ -200,6 +209,18 @@ def test_usage_errors_of_the_port_options():
             serve_cli.metrics_port_for(port, metrics_port)
     done = _serve("unused", "--port", "9000", "--metrics-port", "9000")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert serve_cli.console_port_for(7541, None, 7542) == 7543
+    assert serve_cli.console_port_for(0, None, 0) == 0
+    assert serve_cli.console_port_for(9000, "none", 9001) is None
+    assert serve_cli.console_port_for(9000, 8080, None) == 8080
+    for port, console_port, metrics_port in ((65534, None, None), (9000, 9000, 9001),
+                                             (9000, 9001, 9001)):
+        with pytest.raises(ValueError):
+            serve_cli.console_port_for(port, console_port, metrics_port)
+    done = _serve("unused", "--port", "9000", "--console-port", "9001")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("streamlog serve: --console-port 9001 is the metrics "
+                                   "port too")
 
 
 # -- help --------------------------------------------------------------------------------
@@ -211,7 +232,8 @@ def test_help_says_what_it_does_with_examples(capsys):
     text = capsys.readouterr().out
     for needed in ("STREAMLOG_TOKEN", "--metrics-port", "P+1", "none", "/healthz", "/metrics",
                    "--tls-cert", "streamlog+tls://", "SIGTERM", "exit codes:", "examples:",
-                   "streamlog serve data/log --port 9000"):
+                   "streamlog serve data/log --port 9000", "--console-port", "P+2",
+                   "--console-write", "curl -u streamlog:"):
         assert needed in text, needed
     assert "DESIGN" not in text  # the help stands on its own
 

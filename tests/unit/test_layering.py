@@ -33,6 +33,7 @@ from streamlog.api import PUBLIC_MODULES
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The packages above the storage core (ARCHITECTURE.md, Layers).
 OUTER = ("streamlog.wire", "streamlog.kafka", "streamlog.operators", "streamlog.cli",
+         "streamlog.console",
          "spark_source", "spark_sink")
 # The library: every module shipped (tests, bench and dev scripts are not).
 LIBRARY = ("streamlog", "spark_source", "spark_sink", "pyspark_streamlog")
