@@ -470,7 +470,9 @@ class Sampler:
         if first is None:
             return {}
         t0, ends0 = first
-        return {place: max(0, end - ends0.get(place, end)) / (t1 - t0)
+        # A partition made since that sample started at offset 0 (a new stream's, or one
+        # that widened): all it holds came within the window.
+        return {place: max(0, end - ends0.get(place, 0)) / (t1 - t0)
                 for place, end in last.items()}
 
     def lag_history(self, name: str) -> list[tuple[float, int]]:

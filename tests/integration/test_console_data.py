@@ -215,9 +215,11 @@ def test_the_sampler_gives_append_rates_and_lag_history(log):
     kafka = types.SimpleNamespace(broker=types.SimpleNamespace(offsets=offsets))
     sampler.sample(log, kafka)
     log.append_batch_sync("s", [b"x"] * 40, partition=0)
+    log.create_stream("new", 1)  # made after the first sample: from offset 0
+    log.append_batch_sync("new", [b"y"] * 20)
     clock.now += 4
     sampler.sample(log, kafka)
-    assert sampler.rates() == {("s", 0): 10.0, ("s", 1): 0.0}
+    assert sampler.rates() == {("s", 0): 10.0, ("s", 1): 0.0, ("new", 0): 5.0}
     assert [lag for _, lag in sampler.lag_history("g")] == [0, 40]
     clock.now += data.RATE_WINDOW_S + 1
     sampler.sample(log, kafka)

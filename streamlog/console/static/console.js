@@ -19,9 +19,20 @@ function showTimes(root) {
   }
 }
 
+// A picker's value has no zone: the browser's offset on the date picked (summer time
+// or not), not today's, says what UTC time it is.
+function zoneOf(form) {
+  const picker = form.querySelector('input[type="datetime-local"]');
+  const when = picker && picker.value ? new Date(picker.value) : new Date();
+  return String(isNaN(when) ? new Date().getTimezoneOffset() : when.getTimezoneOffset());
+}
+
 function fillZones() {
-  const offset = String(new Date().getTimezoneOffset());
-  for (const el of document.querySelectorAll('input[name="tz"]')) el.value = offset;
+  for (const el of document.querySelectorAll('input[name="tz"]')) {
+    const form = el.form;
+    el.value = zoneOf(form);
+    form.addEventListener("submit", () => { el.value = zoneOf(form); });
+  }
 }
 
 function confirmWrites() {
