@@ -23,7 +23,11 @@ import heapq
 import threading
 import time
 
+import numpy as np
+
 from ..errors import StreamLogError
+from ..payload import columns_to_records
+from ..reader import WAIT
 from ..txn import TxnState
 from . import render
 
@@ -189,23 +193,69 @@ def _positions(log, query: Query, numbers, starts, ends) -> dict[int, int]:
 def _scan(log, query: Query, partition: int, position: int, end: int, limit: int,
           budget: int, deadline: float):
     """(records matching, offset after the last looked at, records looked at, whether a
-    bound stopped the scan before `end`)."""
+    bound stopped the scan before `end`). Without a filter it reads exactly the page;
+    with one, each stored batch is searched whole (`matching_rows`, no Python step per
+    record) and only the records found are made."""
     if position >= end:
         return [], position, 0, False
-    out, looked, last = [], 0, position - 1
-    to = end if query.filtered() else min(end, position + limit)
-    with log.reader(query.stream, partition, from_offset=position, to_offset=to,
+    with log.reader(query.stream, partition, from_offset=position,
+                    to_offset=end if query.filtered() else min(end, position + limit),
                     read_committed=False) as reader:
-        for record in reader.records():
-            looked += 1
-            last = record.offset
-            if query.matches(record):
-                out.append(record)
+        if not query.filtered():
+            out = list(reader.records())  # (transaction markers in the range are not)
+            return out, min(end, position + limit), len(out), False
+        out, looked = [], 0
+        for item in reader.slices():
+            if item is WAIT:  # (a reader that does not follow never waits)
+                break
+            columns, lo, hi = item
+            hi = min(hi, lo + budget - looked)
+            for row in matching_rows(columns, lo, hi, query):
+                out.extend(columns_to_records(columns, partition, row, row + 1))
                 if len(out) >= limit:
-                    break
-            if looked >= budget or (looked & 1023 == 0 and time.monotonic() > deadline):
-                return out, last + 1, looked, True
-    return out, (last + 1 if len(out) >= limit else to), looked, False
+                    return out, columns.base_offset + row + 1, looked + row + 1 - lo, False
+            looked += hi - lo
+            after = columns.base_offset + hi
+            if after < end and (looked >= budget or time.monotonic() > deadline):
+                return out, after, looked, True
+    return out, end, looked, False
+
+
+def matching_rows(columns, lo: int, hi: int, query: Query) -> list[int]:
+    """The rows in [lo, hi) of a stored batch that are data records and pass the
+    query's filters, found with bytes.find over the batch's keys and values."""
+    keep = np.zeros(len(columns), dtype=bool)
+    keep[lo:hi] = True
+    if columns.kinds is not None:
+        keep &= np.asarray(columns.kinds) == 0
+    if query.key:
+        keep &= _found(columns.keys, columns.key_offsets(), columns.key_lengths,
+                       query.key.encode(), exact=query.key_match == "exact")
+    if query.value_text:
+        keep &= _found(columns.values, columns.value_offsets(), columns.value_lengths,
+                       query.value_text.encode(), exact=False)
+    return np.flatnonzero(keep).tolist()
+
+
+def _found(blob, offsets: np.ndarray, lengths: np.ndarray, needle: bytes, *,
+           exact: bool) -> np.ndarray:
+    """Which rows' bytes (blob[offsets[i]:offsets[i + 1]]) hold `needle` (are it, when
+    `exact`); a row of length -1 (None) holds nothing."""
+    rows = np.zeros(len(lengths), dtype=bool)
+    data = bytes(blob)
+    hits, at = [], data.find(needle)
+    while at >= 0:
+        hits.append(at)
+        at = data.find(needle, at + 1)
+    if not hits:
+        return rows
+    starts = np.asarray(hits)
+    row = np.searchsorted(offsets, starts, side="right") - 1
+    inside = (starts + len(needle) <= offsets[row + 1]) & (lengths[row] >= 0)
+    if exact:
+        inside &= (starts == offsets[row]) & (lengths[row] == len(needle))
+    rows[row[inside]] = True
+    return rows
 
 
 def _txn_states(log, stream: str, records) -> dict[tuple[int, int], TxnState | None]:

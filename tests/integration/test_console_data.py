@@ -111,6 +111,39 @@ def test_filters_by_key_and_value_text(log):
     assert none.rows == [] and none.scanned == 200 and not none.stopped_early
 
 
+def test_a_filter_never_matches_across_two_records_bytes(log):
+    log.create_stream("s", 1)
+    log.append_batch_sync("s", [b"xa", b"bx", b"ab", None, b"abab"],
+                          keys=[b"ka", b"bk", None, b"ab", b"kab"])
+    log.append_batch_sync("s", [b"h"], keys=[b"ab"], headers=[[("h", b"ab")]])
+    by_key = data.browse(log, data.Query("s", 0, key="ab"))
+    assert [r["offset"] for r in by_key.rows] == [3, 5]  # exact: not "kab", not "ka"+"bk"
+    by_substring = data.browse(log, data.Query("s", 0, key="ab", key_match="substring"))
+    assert [r["offset"] for r in by_substring.rows] == [3, 4, 5]
+    by_value = data.browse(log, data.Query("s", 0, value_text="ab"))
+    assert [r["offset"] for r in by_value.rows] == [2, 4]  # "xa"+"bx" is two records
+    assert data.browse(log, data.Query("s", 0, key="kb", key_match="substring")).rows == []
+    (with_headers,) = data.browse(log, data.Query("s", 0, key="ab",
+                                                  start="offset", offset=4)).rows
+    assert with_headers["headers"] == [("h", "ab")] and with_headers["value"] == "h"
+    # a filter's page and a plain page show the same record the same way
+    plain = data.browse(log, data.Query("s", 0, start="offset", offset=3, limit=1)).rows
+    assert plain == data.browse(log, data.Query("s", 0, key="ab")).rows[:1]
+
+
+def test_a_page_over_transaction_markers_goes_on_after_them(log):
+    log.create_stream("s", 1)
+    for i in range(3):
+        txn = log.new_txn_id()
+        log.append_batch_sync("s", [b"%d" % i] * 2, partition=0, txn_id=txn)
+        log.commit_txn("s", 0, txn)  # a marker after each pair
+    page = data.browse(log, data.Query("s", 0, limit=4))
+    assert [r["offset"] for r in page.rows] == [0, 1, 3]  # 2 is a marker
+    following = data.browse(log, data.Query(
+        "s", 0, start="cursor", cursor=data.encode_cursor(page.next_positions), limit=4))
+    assert [r["offset"] for r in following.rows] == [4, 6, 7]
+
+
 def test_a_search_stops_at_its_bound_and_the_next_page_goes_on(log, monkeypatch):
     log.create_stream("s", 1)
     log.append_batch_sync("s", [b"x"] * 999 + [b"needle"])
