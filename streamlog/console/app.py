@@ -29,6 +29,7 @@ import socket
 import time
 
 import jinja2
+import markupsafe
 from aiohttp import web
 
 from ..errors import StreamLogError
@@ -38,6 +39,7 @@ OVERVIEW_TTL_S = 1.0
 TAILS_MAX = 64
 TAIL_POLL_S = 0.2
 TAIL_PING_S = 15.0
+STATIC_MAX_AGE_S = 86_400
 HERE = pathlib.Path(__file__).parent
 # What the sign-in middleware leaves on a request for its handler.
 CSRF = web.RequestKey("csrf", str)  # the session's CSRF token ("" under HTTP Basic)
@@ -72,10 +74,12 @@ class Console:
         self._sampling: asyncio.Task | None = None
         self._overview: tuple[float, asyncio.Future] | None = None
         self._tails = 0
-        self.templates = jinja2.Environment(
+        self.templates = _Templates(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
             undefined=jinja2.StrictUndefined)
         self.templates.filters.update(size=render.size_text, utc=render.utc_text)
+        self.templates.globals["static"] = _static_urls()
+        self.admission = Admission()
 
     # -- lifetime ---------------------------------------------------------------------
 
@@ -163,7 +167,10 @@ class Console:
             raise web.HTTPServiceUnavailable(text="starting: the log is being opened\n")
         if request.method == "POST":
             await self._check_write(request)
-        return await self._secure(await handler(request))
+        if path == "/api/tail":  # a long stream: each of its steps is admitted instead
+            return await self._secure(await handler(request))
+        async with self.admission:
+            return await self._secure(await handler(request))
 
     async def _check_write(self, request: web.Request) -> None:
         form = await request.post()
@@ -185,7 +192,9 @@ class Console:
                            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'")
         headers.setdefault("X-Content-Type-Options", "nosniff")
         headers.setdefault("Referrer-Policy", "same-origin")
-        if not isinstance(response, web.FileResponse):
+        if isinstance(response, web.FileResponse):  # under a versioned URL (_static_urls)
+            headers.setdefault("Cache-Control", f"public, max-age={STATIC_MAX_AGE_S}")
+        else:
             headers.setdefault("Cache-Control", "no-store")
         return response
 
@@ -233,23 +242,31 @@ class Console:
 
     # -- overview ---------------------------------------------------------------------
 
-    async def overview_values(self) -> dict:
+    async def overview_shared(self) -> tuple[dict, str]:
+        """The overview's values and its streams table rendered, computed at most once
+        per OVERVIEW_TTL_S (one computation in flight; every request shares it)."""
         now = time.monotonic()
         if self._overview is None or now - self._overview[0] > OVERVIEW_TTL_S:
-            future = asyncio.ensure_future(self.blocking(data.overview, self.log,
-                                                         self.sampler))
+            future = asyncio.ensure_future(self.blocking(self._overview_now))
             self._overview = (now, future)
-        values = dict(await asyncio.shield(self._overview[1]))
-        rate = self.metrics.appends_per_second() if self.metrics is not None else None
-        values["daemon_rate"] = rate
-        return values
+        values, table = await asyncio.shield(self._overview[1])
+        values = dict(values)
+        values["daemon_rate"] = (self.metrics.appends_per_second()
+                                 if self.metrics is not None else None)
+        return values, table
+
+    def _overview_now(self) -> tuple[dict, str]:
+        values = data.overview(self.log, self.sampler)
+        return values, self.templates.get_template("streams.html").render(**values)
 
     async def overview_page(self, request: web.Request):
+        values, table = await self.overview_shared()
         return self.page(request, "overview.html", done=request.query.get("done", ""),
-                         **await self.overview_values())
+                         table=markupsafe.Markup(table), **values)
 
     async def overview_api(self, request: web.Request):
-        return web.json_response(await self.overview_values(), dumps=_dumps)
+        values, _ = await self.overview_shared()
+        return web.json_response(values, dumps=_dumps)
 
     # -- the message browser ----------------------------------------------------------
 
@@ -345,8 +362,9 @@ class Console:
                 fresh = any(self.log.end_offset(query.stream, p) > at
                             for p, at in positions.items())
                 if fresh:
-                    rows, positions = await self.blocking(data.tail, self.log, query.stream,
-                                                          positions, filtered)
+                    async with self.admission:
+                        rows, positions = await self.blocking(
+                            data.tail, self.log, query.stream, positions, filtered)
                     event = {"rows": rows, "cursor": data.encode_cursor(positions)}
                     await response.write(b"data: " + _dumps(event).encode() + b"\n\n")
                     last_write = time.monotonic()
@@ -465,6 +483,69 @@ class Console:
             return web.json_response({"deleted_segments": deleted})
         raise web.HTTPSeeOther("/?" + _urlencode({"done": f"retention applied: "
                                                           f"{len(deleted)} segments deleted"}))
+
+
+class Admission:
+    """The console's share of the daemon: its requests are worked on one at a time, and
+    their time is drawn from a budget that refills at SHARE seconds a second (up to
+    BURST_S), so a flood of console requests waits its turn instead of taking the CPU
+    (and the interpreter's lock) from the daemon's appends. A request's time is its
+    wall time while admitted: what it waited for the lock counts too, so the share is
+    conservative. `async with admission:` around each piece of console work."""
+
+    SHARE = 0.2
+    BURST_S = 0.5
+
+    def __init__(self, clock=time.monotonic, sleep=asyncio.sleep) -> None:
+        self._clock, self._sleep = clock, sleep
+        self._turn = asyncio.Lock()
+        self._tokens = self.BURST_S
+        self._at = clock()
+        self._started = 0.0
+        self.waited_s = 0.0  # time requests spent waiting for the budget, in all
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.BURST_S, self._tokens + (now - self._at) * self.SHARE)
+        self._at = now
+
+    async def __aenter__(self) -> None:
+        await self._turn.acquire()
+        self._refill()
+        if self._tokens < 0:
+            wait = -self._tokens / self.SHARE
+            self.waited_s += wait
+            await self._sleep(wait)
+            self._refill()
+        self._started = self._clock()
+
+    async def __aexit__(self, *exc) -> None:
+        self._refill()
+        self._tokens -= self._clock() - self._started
+        self._turn.release()
+
+
+def _static_urls() -> dict[str, str]:
+    """Each static file's URL with its content's digest: a browser may keep it for
+    STATIC_MAX_AGE_S, since a new version comes under a new URL."""
+    import hashlib
+    return {path.name: f"/static/{path.name}?v="
+                       f"{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+            for path in sorted((HERE / "static").iterdir()) if path.is_file()}
+
+
+class _Templates(jinja2.Environment):
+    """Jinja2 with `a.b` on a dict looked up as a key first: jinja's own order (the
+    attribute, then the key) raises and catches an AttributeError for every field of
+    the values data.py returns."""
+
+    def getattr(self, obj, attribute):
+        if type(obj) is dict:
+            try:
+                return obj[attribute]
+            except KeyError:
+                pass
+        return super().getattr(obj, attribute)
 
 
 def _reset_commits(log, kafka, group: str, topic: str, to: str, time_us: int | None):

@@ -18,8 +18,10 @@ aborted) when it has one; the transactions' markers are not shown.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
+import itertools
 import threading
 import time
 
@@ -131,6 +133,12 @@ def browse(log, query: Query) -> Page:
     starts = {p: log.start_offset(query.stream, p) for p in numbers}
     ends = {p: log.end_offset(query.stream, p) for p in numbers}
     positions = _positions(log, query, numbers, starts, ends)
+    if len(numbers) > 1 and not query.filtered():
+        taken, next_positions = _merged_page(log, query, numbers, positions, ends)
+        states = _txn_states(log, query.stream, taken)
+        return Page(query.stream, numbers, positions,
+                    [record_row(record, states) for record in taken], next_positions,
+                    ends, starts, len(taken), False, time.monotonic() - started)
     found: dict[int, list] = {}
     scan_ends: dict[int, int] = {}
     scanned, stopped = 0, False
@@ -161,6 +169,40 @@ def browse(log, query: Query) -> Page:
     rows = [record_row(record, states) for record in taken]
     return Page(query.stream, numbers, positions, rows, next_positions, ends, starts,
                 scanned, stopped, time.monotonic() - started)
+
+
+def _merged_page(log, query: Query, numbers, positions, ends):
+    """A page of several partitions without a filter: each partition's records pulled
+    one at a time into heapq.merge, so that a page of 50 over 100 partitions makes about
+    150 records, not 5,000. Returns (records, where each partition's next page starts)."""
+    pulled: dict[int, list[int]] = {p: [] for p in numbers}
+    finished: set[int] = set()
+    tos = {p: min(ends[p], positions[p] + query.limit) for p in numbers}
+
+    def each(p, reader):
+        for record in reader.records():
+            pulled[p].append(record.offset)
+            yield record
+        finished.add(p)
+
+    with contextlib.ExitStack() as readers:
+        heads = [each(p, readers.enter_context(log.reader(
+            query.stream, p, from_offset=positions[p], to_offset=tos[p],
+            read_committed=False))) for p in numbers if positions[p] < tos[p]]
+        finished.update(p for p in numbers if positions[p] >= tos[p])
+        taken = list(itertools.islice(heapq.merge(
+            *heads, key=lambda r: (r.timestamp_us, r.partition, r.offset)), query.limit))
+    next_positions = {}
+    for p in numbers:
+        mine = [r.offset for r in taken if r.partition == p]
+        left = pulled[p][len(mine):]  # what the page took of p is a prefix of its pulls
+        if left:
+            next_positions[p] = left[0]
+        elif p in finished:
+            next_positions[p] = tos[p]
+        else:  # the page's last record was p's: its next was never pulled
+            next_positions[p] = mine[-1] + 1 if mine else positions[p]
+    return taken, next_positions
 
 
 def previous_positions(page: Page, limit: int) -> dict[int, int] | None:

@@ -9,6 +9,7 @@ import json
 import re
 import ssl
 import time
+import types
 
 import aiohttp
 import pytest
@@ -349,3 +350,47 @@ def test_a_log_with_no_stream_has_an_overview(tmp_path):
     with streamlog.open_log(tmp_path / "empty") as log:
         shown = data.overview(log, data.Sampler())
     assert shown["streams"] == [] and shown["log_path"].endswith("empty")
+
+
+async def test_console_work_is_admitted_one_at_a_time_within_its_share():
+    clock = types.SimpleNamespace(now=0.0)
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(round(seconds, 6))
+        clock.now += seconds
+
+    admission = console_app.Admission(clock=lambda: clock.now, sleep=sleep)
+    share, burst = console_app.Admission.SHARE, console_app.Admission.BURST_S
+    async with admission:
+        clock.now += burst + 0.1  # a request that took longer than the burst
+    async with admission:  # waits until the budget is back at zero
+        pass
+    assert slept == [round(0.1 / share, 6)]
+    order = []
+
+    async def request(name):
+        async with admission:
+            order.append(f"{name} in")
+            await asyncio.sleep(0.01)  # (real time: the other may try to enter meanwhile)
+            order.append(f"{name} out")
+
+    await asyncio.gather(request("a"), request("b"))
+    assert order == ["a in", "a out", "b in", "b out"]
+
+
+async def test_static_files_are_versioned_and_cached_pages_are_not(log):
+    console = await start(log)
+    base = f"http://127.0.0.1:{console.port}"
+    try:
+        async with client() as http:
+            async with http.get(base + "/login") as answer:
+                page = await answer.text()
+                assert answer.headers["Cache-Control"] == "no-store"
+            (css,) = re.findall(r'href="(/static/console\.css\?v=[0-9a-f]{12})"', page)
+            async with http.get(base + css) as answer:
+                assert answer.status == 200
+                assert answer.headers["Cache-Control"] == "public, max-age=86400"
+                assert "--accent" in await answer.text()
+    finally:
+        await console.close()
