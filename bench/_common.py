@@ -153,8 +153,11 @@ def short_rev(rev: str) -> str:
 
 
 def command_line() -> str:
-    """The command line that started this process, as typed (interpreter included)."""
-    return shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    """The command line that started this process (interpreter included), with the
+    repository's folder taken off the paths in it, so that results name no folder of
+    the machine (`./dev bench` starts Python by its full path)."""
+    typed = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    return typed.replace(str(Path(__file__).resolve().parents[1]) + os.sep, "")
 
 
 def machine_description() -> str:

@@ -22,7 +22,11 @@ Figures (each process is a child of this one; memory is VmRSS from /proc/PID/sta
                         warm-up runs write the caches).
   idle_rss_mib          `streamlog serve LOG` (no --kafka-port; metrics on, never
                         scraped) IDLE_SETTLE_S after its "listening" line, no client ever
-                        connected; idle_rss_mib_kafka the same with --kafka-port 0.
+                        connected; the web console is on (its default, P+2: a
+                        worker process of its own, whose RSS is
+                        idle_console_worker_rss_mib) but never loaded;
+                        idle_rss_mib_kafka the same with --kafka-port 0,
+                        idle_rss_mib_no_console with --console-port none.
   flood_peak_rss_mib    the most seen while --flood-connections hostile connections are
                         made over --flood-s (evenly spaced, each kept open until the flood
                         ends unless the daemon closes it): silent ones, half a HELLO, HTTP
@@ -157,6 +161,15 @@ class Daemon:
     def rss(self) -> float:
         return rss_mib(self.proc.pid)
 
+    def children_rss(self) -> float:
+        """The RSS of the daemon's child processes (its console worker), summed."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as found:
+                children = [int(pid) for pid in found.read().split()]
+        except OSError:
+            return 0.0
+        return sum(rss_mib(pid) for pid in children)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -198,15 +211,20 @@ def measure_startup(work: Path, log_path: Path, versions: list[tuple[str, str | 
 
 
 def measure_idle(work: Path, code: str | None, prefix: str, figures: dict) -> None:
-    for suffix, extra in (("", ()), ("_kafka", ("--kafka-port", "0"))):
+    for suffix, extra in (("", ()), ("_kafka", ("--kafka-port", "0")),
+                          ("_no_console", ("--console-port", "none"))):
+        if suffix == "_no_console" and code:
+            continue  # (a commit before the console has no --console-port)
         path = fresh_dir(work / f"{prefix}idle{suffix}") / "log"
         daemon = Daemon(path, environment(code), *extra)
         try:
             time.sleep(IDLE_SETTLE_S)
             figures[f"{prefix}idle_rss_mib{suffix}"] = daemon.rss()
+            if suffix == "" and not code:
+                figures["idle_console_worker_rss_mib"] = daemon.children_rss()
         finally:
             daemon.stop()
-        progress(f"  idle{suffix or ' (no --kafka-port)'}: "
+        progress(f"  idle{suffix or ' (no --kafka-port, the console on)'}: "
                  f"{figures[f'{prefix}idle_rss_mib{suffix}']:.1f} MiB")
 
 
@@ -289,6 +307,9 @@ ROWS = [
     Row("daemon idle RSS", "idle_rss_mib", "MiB", {"vs before": "before_idle_rss_mib"}),
     Row("daemon idle RSS, --kafka-port", "idle_rss_mib_kafka", "MiB",
         {"vs before": "before_idle_rss_mib_kafka"}),
+    Row("daemon idle RSS, --console-port none", "idle_rss_mib_no_console", "MiB",
+        {"vs before": "before_idle_rss_mib_no_console"}),
+    Row("its console worker process, idle RSS", "idle_console_worker_rss_mib", "MiB"),
     Row("flood: idle before it", "flood_idle_rss_mib", "MiB",
         {"vs before": "before_flood_idle_rss_mib"}),
     Row("flood: peak RSS", "flood_peak_rss_mib", "MiB",

@@ -320,6 +320,25 @@ PAIRS = [
     Pair("footprint", "daemon RSS 60 s after a hostile flood", "after_flood_60s_rss_mib",
          "MiB", "idle, before the flood", "flood_idle_rss_mib", higher_is_better=False,
          targets=("RSS 60 s after a hostile flood within 1.2x of idle",)),
+    # console: the web console's page loads on a log of 100 partitions, and what twenty
+    # browsers loading pages (and a flood of page loads) cost the producers of the same
+    # daemon, in the same run.
+    Pair("console", "console page load p95, slowest page kind ({page_p95_worst_kind})",
+         "page_p95_worst_ms", "ms",
+         targets=("every page kind's p95 < 300 ms on a log of 100 partitions",)),
+    Pair("console", "producers' appends, 20 browsers loading console pages "
+         "(~{think_s} s between pages)", "append_browsing_rps", "rec/s",
+         "no console traffic, same run (three phases)", "append_baseline_rps",
+         targets=("producers' append rate with 20 browsers >= 0.9x without console "
+                  "traffic",), target_ratio=0.9, chart=True),
+    Pair("console", "producers' appends, a flood of console page loads (20 clients, no "
+         "pause)", "append_flood_rps", "rec/s", "no console traffic, same run (three phases)",
+         "append_baseline_rps",
+         targets=("producers' append rate under a flood of console requests (20 clients, "
+                  "no pause) >= 0.8x without console traffic",), target_ratio=0.8),
+    Pair("console", "console pages served, 20 browsers", "browsing_pages_per_s", "pages/s"),
+    Pair("console", "console pages served, a flood (20 clients, no pause)",
+         "flood_pages_per_s", "pages/s"),
 ]
 
 

@@ -1,21 +1,25 @@
 """The console's web layer: aiohttp routes, Jinja2 pages, the sign-in middleware, the
 live tail as server-sent events, and the write actions.
 
-Strategy: `Console.bind(options)` binds the port (with the daemon's other ports, before
-the log is opened, so a port in use fails before anything is created) and answers 503
-"starting" until `attach(log, blocking, metrics, kafka)` hands it the open log. Every
-page is rendered on the server from data.py's values, which run on the daemon's thread
-pool (`blocking`), never on the event loop; the page's script only formats times in the
-browser's zone, fills the zone offset of the date-time picker, asks before a write and
-runs the live tail (EventSource). The overview is computed at most once per
-OVERVIEW_TTL_S however many browsers ask (one computation in flight, its answer shared),
-so twenty consoles cost the log what one does.
+Strategy: a `Console` serves a listening socket (`serve_socket`; `bind` makes one) and
+answers 503 "starting" until `attach(log, blocking, daemon)` hands it the log, a thread
+pool to read it on (`blocking`), and the daemon's calls (daemon.py: the consumer groups,
+the append counter, the writes). The daemon runs it in a worker process of its own
+(worker.py) over a read-only view of its log, refreshed for each page (the tail and the
+sampler: every REFRESH_S); tests
+run it in one process over the log itself. Every page is rendered on the server from
+data.py's values, which run on the pool, never on the event loop; the page's script only
+formats times in the browser's zone, fills the date-time pickers' zone, asks before a
+write and runs the live tail (EventSource). The overview (and its streams table,
+rendered) is computed at most once per OVERVIEW_TTL_S however many browsers ask.
 
 Every route but /login and /static needs a signed-in session (cookie) or HTTP Basic
 (auth.py); pages redirect to /login, /api answers 401. Writes (POST) need --console-write
 (else 403), a `confirm=yes` field (the page's confirmation dialog sets it), and with a
-cookie the session's CSRF token. Bounds: TAILS_MAX live tails at once; a tail event
-carries at most data.TAIL_RECORDS_MAX records.
+cookie the session's CSRF token. Work is admitted one request at a time within a share
+of a core (`Admission`). Bounds: TAILS_MAX live tails at once; a tail event carries at
+most data.TAIL_RECORDS_MAX records. Static files are served under their content's
+digest with a day's max-age.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ from aiohttp import web
 
 from ..errors import StreamLogError
 from . import auth, data, render
+from .admission import Admission
+from .daemon import Refused
 
 OVERVIEW_TTL_S = 1.0
 TAILS_MAX = 64
 TAIL_POLL_S = 0.2
 TAIL_PING_S = 15.0
 STATIC_MAX_AGE_S = 86_400
+REFRESH_S = 0.2  # the live tail and the sampler take in the daemon's appends this often
 HERE = pathlib.Path(__file__).parent
 # What the sign-in middleware leaves on a request for its handler.
 CSRF = web.RequestKey("csrf", str)  # the session's CSRF token ("" under HTTP Basic)
@@ -55,6 +62,7 @@ class ConsoleOptions:
     port: int = 7543  # 0: any free port
     tls: object = None  # an ssl.SSLContext, or None
     write: bool = False
+    share: float = 0.2  # of a core: the console's work budget (Admission)
 
 
 class Console:
@@ -65,31 +73,33 @@ class Console:
         self.gate = auth.Gate(options.token)
         self.sampler = data.Sampler()
         self.log = None
-        self.kafka = None
-        self.metrics = None
+        self.daemon = None  # daemon.LocalDaemon or LinkedDaemon
         self.blocking = None
         self.port: int | None = None
         self.closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._sampling: asyncio.Task | None = None
         self._overview: tuple[float, asyncio.Future] | None = None
+        self._refreshed: tuple[float, asyncio.Future] | None = None
         self._tails = 0
         self.templates = _Templates(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
             undefined=jinja2.StrictUndefined)
         self.templates.filters.update(size=render.size_text, utc=render.utc_text)
         self.templates.globals["static"] = _static_urls()
-        self.admission = Admission()
+        self.admission = Admission(share=options.share)
 
     # -- lifetime ---------------------------------------------------------------------
 
     @classmethod
     async def bind(cls, options: ConsoleOptions) -> "Console":
         """Listen on options.host:options.port; OSError when the port cannot be bound."""
+        return await cls.serve_socket(listen(options.host, options.port), options)
+
+    @classmethod
+    async def serve_socket(cls, sock: socket.socket, options: ConsoleOptions) -> "Console":
+        """Serve on `sock`, a listening socket (the worker's, bound by the daemon)."""
         console = cls(options)
-        sock = socket.create_server((options.host, options.port), reuse_port=False,
-                                    family=socket.AF_INET6 if ":" in options.host
-                                    else socket.AF_INET)
         console.port = sock.getsockname()[1]
         console._runner = web.AppRunner(console.app(), access_log=None, shutdown_timeout=1.0,
                                         handle_signals=False)
@@ -97,10 +107,29 @@ class Console:
         await web.SockSite(console._runner, sock, ssl_context=options.tls).start()
         return console
 
-    def attach(self, log, blocking, metrics=None, kafka=None) -> None:
-        """Serve `log` (open): `blocking(fn, *args)` awaits fn on the daemon's pool."""
-        self.log, self.blocking, self.metrics, self.kafka = log, blocking, metrics, kafka
+    def attach(self, log, blocking, daemon) -> None:
+        """Serve `log` (open; a read-only view in the worker): `blocking(fn, *args)`
+        awaits fn on a thread pool, `daemon` (daemon.py) answers what only the daemon's
+        process knows and does its writes."""
+        self.log, self.blocking, self.daemon = log, blocking, daemon
         self._sampling = asyncio.get_running_loop().create_task(self._sample())
+
+    async def fresh(self, within_s: float = 0.0) -> None:
+        """A read-only view takes in what the daemon appended (Log.refresh): a refresh
+        begun at most `within_s` ago (0: begun now, so a page shows what was appended
+        before it was asked for) serves; one refresh in flight at a time, shared."""
+        if not self.log.readonly:
+            return
+        asked = time.monotonic()
+        while True:
+            if self._refreshed is not None and self._refreshed[0] >= asked - within_s:
+                await asyncio.shield(self._refreshed[1])
+                return
+            if self._refreshed is not None and not self._refreshed[1].done():
+                await asyncio.wait([self._refreshed[1]])  # (begun before: wait it out)
+                continue
+            self._refreshed = (time.monotonic(),
+                               asyncio.ensure_future(self.blocking(self.log.refresh)))
 
     async def close(self) -> None:
         self.closing.set()
@@ -112,7 +141,8 @@ class Console:
     async def _sample(self) -> None:
         while not self.closing.is_set():
             try:
-                await self.blocking(self.sampler.sample, self.log, self.kafka)
+                await self.fresh(REFRESH_S)
+                await self.blocking(self.sampler.sample, self.log, await self.daemon.groups())
             except Exception as error:  # noqa: BLE001 - logged; sampling goes on
                 _LOG.warning("console_sample_failed", extra={"fields": {"reason": repr(error)}})
             await asyncio.sleep(data.SAMPLE_S)
@@ -169,6 +199,7 @@ class Console:
             await self._check_write(request)
         if path == "/api/tail":  # a long stream: each of its steps is admitted instead
             return await self._secure(await handler(request))
+        await self.fresh()  # (before its turn: the requests that queue share one refresh)
         async with self.admission:
             return await self._secure(await handler(request))
 
@@ -251,8 +282,7 @@ class Console:
             self._overview = (now, future)
         values, table = await asyncio.shield(self._overview[1])
         values = dict(values)
-        values["daemon_rate"] = (self.metrics.appends_per_second()
-                                 if self.metrics is not None else None)
+        values["daemon_rate"] = await self.daemon.appends_per_second()
         return values, table
 
     def _overview_now(self) -> tuple[dict, str]:
@@ -359,6 +389,7 @@ class Console:
         try:
             await response.write(b": live\n\n")
             while not self.closing.is_set():
+                await self.fresh(REFRESH_S)
                 fresh = any(self.log.end_offset(query.stream, p) > at
                             for p, at in positions.items())
                 if fresh:
@@ -382,16 +413,18 @@ class Console:
     # -- groups -----------------------------------------------------------------------
 
     async def groups_page(self, request: web.Request):
-        found = await self.blocking(data.groups, self.kafka, self.log, self.sampler)
-        return self.page(request, "groups.html", groups=found, kafka=self.kafka is not None)
+        snapshot = await self.daemon.groups()
+        found = await self.blocking(data.groups, snapshot, self.log)
+        return self.page(request, "groups.html", groups=found, kafka=snapshot is not None)
 
     async def groups_api(self, request: web.Request):
-        found = await self.blocking(data.groups, self.kafka, self.log, self.sampler)
+        found = await self.blocking(data.groups, await self.daemon.groups(), self.log)
         return web.json_response({"groups": found}, dumps=_dumps)
 
     async def group_values(self, request: web.Request) -> dict:
         name = request.match_info["group"]
-        found = await self.blocking(data.group, self.kafka, self.log, self.sampler, name)
+        found = await self.blocking(data.group, await self.daemon.groups(), self.log,
+                                    self.sampler, name)
         if found is None:
             raise web.HTTPNotFound(text=f"no consumer group {name!r}\n")
         return found
@@ -406,33 +439,22 @@ class Console:
 
     async def reset_group(self, request: web.Request):
         name, form = request.match_info["group"], request[FORM]
-        if self.kafka is None or self.kafka.broker is None:
-            raise web.HTTPConflict(text="no Kafka listener: start serve with --kafka-port\n")
-        found = self.kafka.coordinator.groups.get(name)
-        if found is not None and found.members:
-            raise web.HTTPConflict(text=f"group {name!r} has {len(found.members)} active "
-                                        "members: stop its consumers first (as Kafka's "
-                                        "kafka-consumer-groups --reset-offsets asks)\n")
         to = str(form.get("to", ""))
         try:
             time_us = (render.parse_time_us(str(form.get("time", "")), form.get("tz"))
                        if to == "time" else None)
+            moved = await self.daemon.reset_group(name, str(form.get("topic", "")), to,
+                                                  time_us)
         except ValueError as error:
             raise web.HTTPBadRequest(text=f"{error}\n") from None
-        if to not in ("earliest", "latest", "time"):
-            raise web.HTTPBadRequest(text="to is earliest, latest or time\n")
-        commits = await self.blocking(_reset_commits, self.log, self.kafka, name,
-                                      str(form.get("topic", "")), to, time_us)
-        if not commits:
-            raise web.HTTPBadRequest(text="the group has no committed offsets to move "
-                                          "(of that topic)\n")
-        await self.blocking(self.kafka.broker.commit_offsets, name, commits)
+        except Refused as refused:
+            raise _refused(refused) from None
         _LOG.info("console_group_reset", extra={"fields": {
-            "group": name, "to": to, "partitions": len(commits), "peer": request.remote}})
+            "group": name, "to": to, "partitions": len(moved), "peer": request.remote}})
         if request[BASIC]:
             return web.json_response({"group": name, "offsets": [
-                {"topic": t, "partition": p, "offset": o} for t, p, o, _ in commits]})
-        raise web.HTTPSeeOther(f"/groups/{_quote(name)}?done=moved+{len(commits)}+offsets")
+                {"topic": t, "partition": p, "offset": o} for t, p, o in moved]})
+        raise web.HTTPSeeOther(f"/groups/{_quote(name)}?done=moved+{len(moved)}+offsets")
 
     # -- operators --------------------------------------------------------------------
 
@@ -450,79 +472,34 @@ class Console:
         form = request[FORM]
         stream = str(form.get("stream", ""))
         try:
-            if stream not in self.log.streams():
-                raise ValueError(f"no stream {stream!r}")
             partition = str(form.get("partition", "")).strip()
-            headers = _headers(str(form.get("headers", "")))
             when = str(form.get("timestamp", "")).strip()
             key = str(form.get("key", ""))
-            position = await self.log.append(
-                stream, str(form.get("value", "")).encode(),
-                key=key.encode() if key else None,
-                partition=int(partition) if partition else None, headers=headers or None,
-                timestamp_us=render.parse_time_us(when, form.get("tz")) if when else None)
-        except (ValueError, StreamLogError) as error:
+            at = await self.daemon.produce(
+                stream, str(form.get("value", "")).encode(), key.encode() if key else None,
+                _whole("partition", partition) if partition else None,
+                _headers(str(form.get("headers", ""))),
+                render.parse_time_us(when, form.get("tz")) if when else None)
+        except (ValueError, Refused) as error:
             if request[BASIC]:
-                raise web.HTTPBadRequest(text=f"{error}\n") from None
+                raise (_refused(error) if isinstance(error, Refused) else
+                       web.HTTPBadRequest(text=f"{error}\n")) from None
             return self.page(request, "produce.html", status=400, done="", error=str(error))
-        _LOG.info("console_produce", extra={"fields": {
-            "stream": stream, "partition": position.partition, "offset": position.offset,
-            "peer": request.remote}})
+        where = {"stream": stream, "partition": at[0], "offset": at[1]}
+        _LOG.info("console_produce", extra={"fields": {**where, "peer": request.remote}})
         if request[BASIC]:
-            return web.json_response({"stream": stream, "partition": position.partition,
-                                      "offset": position.offset})
+            return web.json_response(where)
         raise web.HTTPSeeOther("/produce?" + _urlencode({
-            "done": f"appended to {stream} partition {position.partition} at offset "
-                    f"{position.offset}"}))
+            "done": f"appended to {stream} partition {at[0]} at offset {at[1]}"}))
 
     async def retention(self, request: web.Request):
-        deleted = await self.blocking(self.log.apply_retention)
+        deleted = await self.daemon.apply_retention()
         _LOG.info("console_retention", extra={"fields": {"segments": len(deleted),
                                                          "peer": request.remote}})
         if request[BASIC]:
             return web.json_response({"deleted_segments": deleted})
         raise web.HTTPSeeOther("/?" + _urlencode({"done": f"retention applied: "
                                                           f"{len(deleted)} segments deleted"}))
-
-
-class Admission:
-    """The console's share of the daemon: its requests are worked on one at a time, and
-    their time is drawn from a budget that refills at SHARE seconds a second (up to
-    BURST_S), so a flood of console requests waits its turn instead of taking the CPU
-    (and the interpreter's lock) from the daemon's appends. A request's time is its
-    wall time while admitted: what it waited for the lock counts too, so the share is
-    conservative. `async with admission:` around each piece of console work."""
-
-    SHARE = 0.2
-    BURST_S = 0.5
-
-    def __init__(self, clock=time.monotonic, sleep=asyncio.sleep) -> None:
-        self._clock, self._sleep = clock, sleep
-        self._turn = asyncio.Lock()
-        self._tokens = self.BURST_S
-        self._at = clock()
-        self._started = 0.0
-        self.waited_s = 0.0  # time requests spent waiting for the budget, in all
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.BURST_S, self._tokens + (now - self._at) * self.SHARE)
-        self._at = now
-
-    async def __aenter__(self) -> None:
-        await self._turn.acquire()
-        self._refill()
-        if self._tokens < 0:
-            wait = -self._tokens / self.SHARE
-            self.waited_s += wait
-            await self._sleep(wait)
-            self._refill()
-        self._started = self._clock()
-
-    async def __aexit__(self, *exc) -> None:
-        self._refill()
-        self._tokens -= self._clock() - self._started
-        self._turn.release()
 
 
 def _static_urls() -> dict[str, str]:
@@ -548,21 +525,21 @@ class _Templates(jinja2.Environment):
         return super().getattr(obj, attribute)
 
 
-def _reset_commits(log, kafka, group: str, topic: str, to: str, time_us: int | None):
-    """(topic, partition, offset, None) for each committed place of the group (of
-    `topic` when given) moved to the earliest, the latest or the time's offset."""
-    commits = []
-    for (name, partition) in sorted(kafka.broker.offsets.of(group)):
-        if topic and name != topic:
-            continue
-        if to == "earliest":
-            offset = log.start_offset(name, partition)
-        elif to == "latest":
-            offset = log.end_offset(name, partition)
-        else:
-            offset = log.offset_for_timestamp(name, partition, time_us)
-        commits.append((name, partition, offset, None))
-    return commits
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (0: any free port); OSError when it cannot
+    be bound."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                else socket.AF_INET)
+
+
+def _refused(refused: Refused) -> web.HTTPException:
+    """The HTTP error to answer a call the daemon refused with."""
+    return _STATUS.get(refused.status, web.HTTPInternalServerError)(
+        text=f"{refused.text}\n")
+
+
+_STATUS = {400: web.HTTPBadRequest, 409: web.HTTPConflict, 502: web.HTTPBadGateway,
+           503: web.HTTPServiceUnavailable, 500: web.HTTPInternalServerError}
 
 
 def _whole(name: str, text: str) -> int:

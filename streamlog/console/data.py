@@ -388,55 +388,22 @@ def overview(log, sampler: "Sampler") -> dict:
 
 # -- consumer groups -------------------------------------------------------------------
 
-def decode_assignment(data: bytes) -> list[tuple[str, list[int]]] | None:
-    """A Kafka consumer's assignment (ConsumerProtocolAssignment: version, then topics
-    with their partitions, then user data), or None when it is not one."""
-    import struct
-    try:
-        at = 2
-        (count,) = struct.unpack_from(">i", data, at)
-        at += 4
-        out = []
-        for _ in range(max(count, 0)):
-            (size,) = struct.unpack_from(">h", data, at)
-            at += 2
-            topic = data[at:at + size].decode()
-            at += size
-            (n,) = struct.unpack_from(">i", data, at)
-            at += 4
-            partitions = list(struct.unpack_from(f">{max(n, 0)}i", data, at))
-            at += 4 * max(n, 0)
-            out.append((topic, partitions))
-        return out
-    except (struct.error, UnicodeDecodeError):
-        return None
-
-
-def groups(kafka, log, sampler: "Sampler") -> list[dict]:
-    if kafka is None or kafka.broker is None:
-        return []
-    offsets = kafka.broker.offsets
-    names = sorted(set(offsets.groups()) | set(kafka.coordinator.groups))
+def groups(snapshot: dict | None, log) -> list[dict]:
+    """The groups of a daemon.group_snapshot (None: no Kafka listener), each with its
+    member count and total lag."""
     out = []
-    for name in names:
-        rows = group_offsets(log, offsets.of(name))
-        group = kafka.coordinator.groups.get(name)
-        out.append({"name": name, "state": group_state(group),
-                    "members": len(group.members) if group else 0,
+    for name, group in sorted((snapshot or {}).items()):
+        rows = group_offsets(log, group["offsets"])
+        out.append({"name": name, "state": group["state"], "members": len(group["members"]),
                     "lag": sum(r["lag"] for r in rows if r["lag"] is not None),
                     "partitions": len(rows)})
     return out
 
 
-def group_state(group) -> str:
-    if group is None or not group.members:
-        return "Empty"
-    return group.state.value
-
-
-def group_offsets(log, committed: dict) -> list[dict]:
+def group_offsets(log, committed) -> list[dict]:
+    """[[topic, partition, offset, metadata]] with each partition's end and lag."""
     rows = []
-    for (topic, partition), (offset, metadata) in sorted(committed.items()):
+    for topic, partition, offset, metadata in committed:
         try:
             end = log.end_offset(topic, partition)
         except StreamLogError:
@@ -447,24 +414,14 @@ def group_offsets(log, committed: dict) -> list[dict]:
     return rows
 
 
-def group(kafka, log, sampler: "Sampler", name: str) -> dict | None:
-    if kafka is None or kafka.broker is None:
+def group(snapshot: dict | None, log, sampler: "Sampler", name: str) -> dict | None:
+    found = (snapshot or {}).get(name)
+    if found is None:
         return None
-    committed = kafka.broker.offsets.of(name)
-    found = kafka.coordinator.groups.get(name)
-    if not committed and found is None:
-        return None
-    members = []
-    for member in (found.members.values() if found else ()):
-        assigned = decode_assignment(member.assignment) if member.assignment else []
-        members.append({"member_id": member.member_id, "client_id": member.client_id,
-                         "host": member.client_host,
-                         "instance": member.group_instance_id or "",
-                         "assignment": assigned})
-    rows = group_offsets(log, committed)
+    rows = group_offsets(log, found["offsets"])
     history = sampler.lag_history(name)
-    return {"name": name, "state": group_state(found), "members": members, "offsets": rows,
-            "lag": sum(r["lag"] for r in rows if r["lag"] is not None),
+    return {"name": name, "state": found["state"], "members": found["members"],
+            "offsets": rows, "lag": sum(r["lag"] for r in rows if r["lag"] is not None),
             "history": history, "line": render.sparkline(history),
             "history_max": max((v for _, v in history), default=0)}
 
@@ -521,7 +478,8 @@ class Sampler:
         self._lags: dict[str, collections.deque] = {}
         self._lock = threading.Lock()
 
-    def sample(self, log, kafka=None) -> None:
+    def sample(self, log, snapshot: dict | None = None) -> None:
+        """Take a sample: `snapshot` is daemon.group_snapshot's (None: no groups)."""
         now = self._clock()
         ends = {}
         for stream in log.streams():
@@ -531,15 +489,13 @@ class Sampler:
             except StreamLogError:
                 continue  # deleted meanwhile
         lags = {}
-        if kafka is not None and kafka.broker is not None:
-            offsets = kafka.broker.offsets
-            for name in offsets.groups():
-                total = 0
-                for (topic, p), (offset, _) in offsets.of(name).items():
-                    end = ends.get((topic, p))
-                    if end is not None and offset >= 0:
-                        total += max(0, end - offset)
-                lags[name] = total
+        for name, group in (snapshot or {}).items():
+            total = 0
+            for topic, p, offset, _ in group["offsets"]:
+                end = ends.get((topic, p))
+                if end is not None and offset >= 0:
+                    total += max(0, end - offset)
+            lags[name] = total
         with self._lock:
             self._ends.append((now, ends))
             wall = self._wall()

@@ -96,7 +96,10 @@ console:
   Read-only unless --console-write: then produce a record, move a group's committed
   offsets (to the earliest, the latest or a time) and apply retention, each confirmed.
   Served over TLS (https://) when the daemon serves TLS. Five wrong passwords in a
-  minute from one address are refused for the rest of that minute.
+  minute from one address are refused for the rest of that minute. The console runs in
+  a worker process of its own (at a lower priority, over a read-only view of the log),
+  so that pages never take the daemon's CPU from its appends; the daemon stops it when
+  it drains.
 
 object store:
   --remote s3://BUCKET/PREFIX tiers the log to an S3-compatible object store:
@@ -308,7 +311,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         _say(str(ListenError("kafka", config.host, args.kafka_port, error)))
         return EXIT_USAGE
     try:
-        console = await _bind_console(args, config)
+        console = _bind_console(args, config)
     except OSError as error:
         listeners.close()
         if kafka is not None:
@@ -334,7 +337,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
             "host": config.host, "kafka_port": kafka.port, "auth": args.kafka_auth,
             "tls": bool(config.tls_cert)}})
     if console is not None:
-        console.attach(log, server.blocking, metrics, kafka)
+        from ..console.daemon import LocalDaemon
+        await console.start(args.log, LocalDaemon(log, server.blocking, metrics, kafka),
+                            config.token, write=args.console_write,
+                            tls_cert=config.tls_cert, tls_key=config.tls_key)
         logging.getLogger("streamlog.console").info("console_listening", extra={"fields": {
             "host": config.host, "console_port": console.port, "write": args.console_write,
             "tls": bool(config.tls_cert)}})
@@ -346,15 +352,13 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     return EXIT_OK
 
 
-async def _bind_console(args: argparse.Namespace, config: ServerConfig):
-    """The web console (console/) bound on --host:--console-port, or None."""
+def _bind_console(args: argparse.Namespace, config: ServerConfig):
+    """The web console's port (console/worker.py) bound on --host:--console-port, or
+    None; its worker process starts once the log is open."""
     if args.console_port is None:
         return None
-    from ..console.app import Console, ConsoleOptions
-    from .server import tls_context
-    return await Console.bind(ConsoleOptions(
-        token=config.token, host=config.host, port=args.console_port,
-        tls=tls_context(config), write=args.console_write))
+    from ..console.worker import ConsoleProcess
+    return ConsoleProcess.bind(config.host, args.console_port)
 
 
 async def _bind_kafka(args: argparse.Namespace, config: ServerConfig):

@@ -17,6 +17,8 @@ import pytest
 import streamlog
 from streamlog.console import app as console_app
 from streamlog.console import auth, data
+from streamlog.console.admission import Admission
+from streamlog.console.daemon import LocalDaemon
 
 TOKEN = b"console-token"
 
@@ -40,7 +42,8 @@ async def start(log, *, write=False, tls=None, attach=True) -> console_app.Conso
     console = await console_app.Console.bind(console_app.ConsoleOptions(
         token=TOKEN, port=0, write=write, tls=tls))
     if attach:
-        console.attach(log, lambda fn, *args: asyncio.to_thread(fn, *args))
+        blocking = lambda fn, *args: asyncio.to_thread(fn, *args)  # noqa: E731
+        console.attach(log, blocking, LocalDaemon(log, blocking))
     return console
 
 
@@ -360,8 +363,8 @@ async def test_console_work_is_admitted_one_at_a_time_within_its_share():
         slept.append(round(seconds, 6))
         clock.now += seconds
 
-    admission = console_app.Admission(clock=lambda: clock.now, sleep=sleep)
-    share, burst = console_app.Admission.SHARE, console_app.Admission.BURST_S
+    admission = Admission(clock=lambda: clock.now, sleep=sleep)
+    share, burst = Admission.SHARE, Admission.BURST_S
     async with admission:
         clock.now += burst + 0.1  # a request that took longer than the burst
     async with admission:  # waits until the budget is back at zero

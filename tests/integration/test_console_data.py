@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from streamlog.console import data
+from streamlog.console import daemon, data
 from streamlog.operators.alignment import note_value
 from streamlog.records import RecordKind
 
@@ -243,19 +243,17 @@ def test_the_sampler_gives_append_rates_and_lag_history(log):
     clock = types.SimpleNamespace(now=100.0)
     sampler = data.Sampler(clock=lambda: clock.now, wall=lambda: clock.now + 1e9)
     log.create_stream("s", 2)
-    offsets = types.SimpleNamespace(groups=lambda: ["g"],
-                                    of=lambda name: {("s", 0): (0, None)})
-    kafka = types.SimpleNamespace(broker=types.SimpleNamespace(offsets=offsets))
-    sampler.sample(log, kafka)
+    snapshot = {"g": {"state": "Empty", "members": [], "offsets": [["s", 0, 0, None]]}}
+    sampler.sample(log, snapshot)
     log.append_batch_sync("s", [b"x"] * 40, partition=0)
     log.create_stream("new", 1)  # made after the first sample: from offset 0
     log.append_batch_sync("new", [b"y"] * 20)
     clock.now += 4
-    sampler.sample(log, kafka)
+    sampler.sample(log, snapshot)
     assert sampler.rates() == {("s", 0): 10.0, ("s", 1): 0.0, ("new", 0): 5.0}
     assert [lag for _, lag in sampler.lag_history("g")] == [0, 40]
     clock.now += data.RATE_WINDOW_S + 1
-    sampler.sample(log, kafka)
+    sampler.sample(log, snapshot)
     assert sampler.rates() == {}  # no earlier sample within the window
     assert sampler.lag_history("nobody") == []
 
@@ -286,7 +284,7 @@ def test_a_consumer_assignment_is_decoded_and_anything_else_is_not():
     topic = b"clicks"
     assignment = (struct.pack(">hi", 0, 1) + struct.pack(">h", len(topic)) + topic
                   + struct.pack(">iii", 2, 0, 3) + struct.pack(">i", -1))
-    assert data.decode_assignment(assignment) == [("clicks", [0, 3])]
-    assert data.decode_assignment(b"\x00\x00\x00") is None
-    assert data.decode_assignment(assignment[:-9]) is None
+    assert daemon.decode_assignment(assignment) == [("clicks", [0, 3])]
+    assert daemon.decode_assignment(b"\x00\x00\x00") is None
+    assert daemon.decode_assignment(assignment[:-9]) is None
 

@@ -158,7 +158,7 @@ def test_every_benchmark_target_has_a_row(report):
             if isinstance(target, str):
                 referenced.setdefault(pair.bench, set()).add(target)
     assert set(referenced) == {"core", "daemon", "spark", "kafka", "cec", "checkpoint_overhead",
-                               "footprint"}
+                               "footprint", "console"}
     for bench, texts in referenced.items():
         module = report.bench_module(bench)
         assert texts == {target.text for target in module.TARGETS}, bench
