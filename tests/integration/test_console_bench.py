@@ -85,7 +85,8 @@ def test_a_tiny_run_writes_every_figure(console_bench, tmp_path, capsys):
     assert figures["page_p95_worst_ms"] == max(
         figures[f"page_{kind}_p95_ms"] for kind in console_bench.PAGE_KINDS)
     assert figures["page_loads_per_kind"] == 2
-    assert figures["daemon_cores_pages"] > 0 and figures["other_cores_pages"] >= 0
+    # (the pages are the worker's work: the daemon may use no measurable CPU)
+    assert figures["daemon_cores_pages"] >= 0 and figures["other_cores_pages"] >= 0
 
     for phase in console_bench.PHASES:
         assert figures[f"append_{phase}_rps"] > 0, phase

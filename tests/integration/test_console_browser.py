@@ -68,7 +68,7 @@ def daemon(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def writable(tmp_path_factory):
-    server = serve(tmp_path_factory, "console-write", "--console-write", kafka=False)
+    server = serve(tmp_path_factory, "console-write", "--console-write")
     yield server
     assert server.stop() == 0
 
@@ -586,3 +586,44 @@ def test_seek_by_time_reads_the_picker_in_the_zone_of_the_date_picked(browser, d
             f"12:00:05 local on {local.date()} is {utc}; the page sent tz={sent}")
     finally:
         context.close()
+
+
+def test_a_groups_offsets_move_to_the_earliest_latest_and_a_time(writable):
+    """With --console-write, a group without members has its committed offsets moved,
+    and confluent-kafka's committed() sees each move; a group with a member is not
+    moved."""
+    topic, group = "payments", "payments-audit"
+    with streamlog.open_log(writable.url, token=TOKEN) as log:
+        log.create_stream(topic, 2)
+        for p in range(2):
+            log.append_batch_sync(topic, [b"%d" % i for i in range(10)], partition=p,
+                                  timestamps_us=[(i + 1) * SECOND_US for i in range(10)])
+    consumer = Consumer({**kafka_conf(writable), "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, 5) for p in range(2)],
+                        asynchronous=False)
+
+        def committed():
+            return [tp.offset for tp in consumer.committed(
+                [TopicPartition(topic, p) for p in range(2)], timeout=10)]
+
+        assert committed() == [5, 5]
+        for form, expected in (({"to": "earliest"}, [0, 0]), ({"to": "latest"}, [10, 10]),
+                               ({"to": "time", "time": "1970-01-01T00:00:03"}, [2, 2])):
+            status, _, body = http_request(writable, "POST", f"/groups/{group}/reset",
+                                           {**form, "confirm": "yes"},
+                                           headers={"Authorization": basic()})
+            assert status == 200, body
+            assert committed() == expected
+        consumer.subscribe([topic])  # a member now: moving is refused
+        deadline = time.monotonic() + 20
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        status, _, body = http_request(writable, "POST", f"/groups/{group}/reset",
+                                       {"to": "earliest", "confirm": "yes"},
+                                       headers={"Authorization": basic()})
+        assert status == 409 and "active members" in body
+        assert committed() == [2, 2]
+    finally:
+        consumer.close()
