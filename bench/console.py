@@ -41,7 +41,7 @@ page_KIND_p50_ms, page_KIND_p95_ms, page_KIND_max_ms for each; page_p95_worst_ms
 largest p95 and page_p95_worst_kind its kind. daemon_cores_pages and other_cores_pages:
 the CPU of the daemon, and of processes not ours, while the pages loaded.
 
-Under load, after a warm-up of the producers alone (3 s, not counted), five phases of
+Under load, after a warm-up of the producers alone (--warmup-s, 3 s; not counted), five phases of
 --phase-s seconds (8), in this order: baseline1, browsing, baseline2, flood, baseline3.
 The baseline figure (append_baseline_rps) is the mean of the three baselines, so a drift
 of the machine over the run (page cache, other work) falls on both loaded phases;
@@ -639,8 +639,8 @@ def run_phase(name: str, seconds: float, url: str, console_url: str | None, shap
 
 
 def measure_load(url: str, console_url: str, shape: dict, args, figures: dict) -> None:
-    with phase(f"warm-up: {args.producers} producers, {WARMUP_S:g} s (not counted)"):
-        run_phase("warm-up", WARMUP_S, url, None, shape, args, {})
+    with phase(f"warm-up: {args.producers} producers, {args.warmup_s:g} s (not counted)"):
+        run_phase("warm-up", args.warmup_s, url, None, shape, args, {})
     what = {"browsing": f" and {args.browsers} browsers, about {args.think_s:g} s between "
                         "pages",
             "flood": f" and {args.browsers} browsers, no pause between pages"}
@@ -723,6 +723,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-s", type=float,
                         help=f"seconds of each load phase (default {PHASE_S:g}; "
                              f"{QUICK_PHASE_S:g} with --quick)")
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S,
+                        help=f"seconds of producers alone before the first baseline, not "
+                             f"counted (default {WARMUP_S:g})")
     parser.add_argument("--think-s", type=float, default=THINK_S,
                         help=f"a browser's mean pause between pages in the browsing phase "
                              f"(default {THINK_S:g}; each pause drawn from "
