@@ -1,7 +1,7 @@
 """The console's web layer: aiohttp routes, Jinja2 pages, the sign-in middleware, the
 live tail as server-sent events, and the write actions.
 
-Strategy: a `Console` serves a listening socket (`serve_socket`; `bind` makes one) and
+Strategy: a `Console` serves a listening socket (`serve_socket`; worker.listen makes one) and
 answers 503 "starting" until `attach(log, blocking, daemon)` hands it the log, a thread
 pool to read it on (`blocking`), and the daemon's calls (daemon.py: the consumer groups,
 the append counter, the writes). The daemon runs it in a worker process of its own
@@ -58,8 +58,6 @@ _LOG = logging.getLogger("streamlog.console")
 @dataclasses.dataclass(frozen=True)
 class ConsoleOptions:
     token: bytes
-    host: str = "127.0.0.1"
-    port: int = 7543  # 0: any free port
     tls: object = None  # an ssl.SSLContext, or None
     write: bool = False
     share: float = 0.2  # of a core: the console's work budget (Admission)
@@ -90,11 +88,6 @@ class Console:
         self.admission = Admission(share=options.share)
 
     # -- lifetime ---------------------------------------------------------------------
-
-    @classmethod
-    async def bind(cls, options: ConsoleOptions) -> "Console":
-        """Listen on options.host:options.port; OSError when the port cannot be bound."""
-        return await cls.serve_socket(listen(options.host, options.port), options)
 
     @classmethod
     async def serve_socket(cls, sock: socket.socket, options: ConsoleOptions) -> "Console":
@@ -384,7 +377,6 @@ class Console:
         await self._secure(response)
         await response.prepare(request)
         self._tails += 1
-        filtered = query if query.filtered() else None
         last_write = time.monotonic()
         try:
             await response.write(b": live\n\n")
@@ -395,7 +387,7 @@ class Console:
                 if fresh:
                     async with self.admission:
                         rows, positions = await self.blocking(
-                            data.tail, self.log, query.stream, positions, filtered)
+                            data.tail, self.log, query.stream, positions, query)
                     event = {"rows": rows, "cursor": data.encode_cursor(positions)}
                     await response.write(b"data: " + _dumps(event).encode() + b"\n\n")
                     last_write = time.monotonic()
@@ -523,13 +515,6 @@ class _Templates(jinja2.Environment):
             except KeyError:
                 pass
         return super().getattr(obj, attribute)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (0: any free port); OSError when it cannot
-    be bound."""
-    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                else socket.AF_INET)
 
 
 def _refused(refused: Refused) -> web.HTTPException:

@@ -65,21 +65,6 @@ class Query:
     def filtered(self) -> bool:
         return bool(self.key or self.value_text)
 
-    def matches(self, record) -> bool:
-        if self.key:
-            key = record.key
-            wanted = self.key.encode()
-            if key is None:
-                return False
-            if self.key_match == "exact" and key != wanted:
-                return False
-            if self.key_match != "exact" and wanted not in key:
-                return False
-        if self.value_text:
-            if record.value is None or self.value_text.encode() not in record.value:
-                return False
-        return True
-
 
 @dataclasses.dataclass
 class Page:
@@ -329,23 +314,24 @@ def record_row(record, states=None) -> dict:
 
 
 def tail(log, stream: str, positions: dict[int, int], query: Query | None = None):
-    """New records since `positions` (at most TAIL_RECORDS_MAX), and the positions after
-    them: the live tail's step."""
+    """New records since `positions`, and the positions after them: the live tail's
+    step. Each partition gives at most its share of TAIL_RECORDS_MAX (the rest waits
+    for the next step), read as a page of the browser is, its filters included."""
+    query = query or Query(stream)
+    share = max(1, TAIL_RECORDS_MAX // max(1, len(positions)))
+    deadline = time.monotonic() + SCAN_SECONDS_MAX
     rows, after = [], dict(positions)
     for p, position in positions.items():
         end = log.end_offset(stream, p)
         if end <= position:
             continue
         start = max(position, log.start_offset(stream, p))
-        to = min(end, start + TAIL_RECORDS_MAX)
-        with log.reader(stream, p, from_offset=start, to_offset=to,
-                        read_committed=False) as reader:
-            batch = [r for r in reader.records() if query is None or query.matches(r)]
+        batch, after[p], _, _ = _scan(log, query, p, start, end, share, SCAN_RECORDS_MAX,
+                                      deadline)
         states = _txn_states(log, stream, batch)
         rows += [record_row(r, states) for r in batch]
-        after[p] = to
     rows.sort(key=lambda row: (row["timestamp_us"], row["partition"], row["offset"]))
-    return rows[:TAIL_RECORDS_MAX], after
+    return rows, after
 
 
 # -- the overview ----------------------------------------------------------------------

@@ -101,6 +101,13 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (0: any free port); OSError when it cannot
+    be bound."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                else socket.AF_INET)
+
+
 class ConsoleProcess:
     """The daemon's handle on its console worker. `ConsoleProcess.bind(host, port)`
     binds the port (OSError); `await start(...)` starts the worker on it once the log
@@ -117,8 +124,7 @@ class ConsoleProcess:
 
     @classmethod
     def bind(cls, host: str, port: int) -> "ConsoleProcess":
-        return cls(socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                        else socket.AF_INET))
+        return cls(listen(host, port))
 
     async def start(self, log_path: str, daemon, token: bytes, *, write: bool = False,
                     tls_cert: str | None = None, tls_key: str | None = None) -> None:

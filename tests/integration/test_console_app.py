@@ -5,6 +5,7 @@ test_console_browser.py's."""
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import ssl
@@ -19,6 +20,7 @@ from streamlog.console import app as console_app
 from streamlog.console import auth, data
 from streamlog.console.admission import Admission
 from streamlog.console.daemon import LocalDaemon
+from streamlog.console.worker import listen
 
 TOKEN = b"console-token"
 
@@ -39,12 +41,23 @@ def log(open_logs, log_dir):
 
 
 async def start(log, *, write=False, tls=None, attach=True) -> console_app.Console:
-    console = await console_app.Console.bind(console_app.ConsoleOptions(
-        token=TOKEN, port=0, write=write, tls=tls))
+    console = await console_app.Console.serve_socket(listen("127.0.0.1", 0),
+                                                     console_app.ConsoleOptions(
+                                                         token=TOKEN, write=write, tls=tls))
     if attach:
         blocking = lambda fn, *args: asyncio.to_thread(fn, *args)  # noqa: E731
         console.attach(log, blocking, LocalDaemon(log, blocking))
     return console
+
+
+@contextlib.asynccontextmanager
+async def serving(log, **options):
+    """A console started on `log` (start's options), its base URL, closed on exit."""
+    console = await start(log, **options)
+    try:
+        yield console, f"http://127.0.0.1:{console.port}"
+    finally:
+        await console.close()
 
 
 def client(**options) -> aiohttp.ClientSession:
@@ -59,9 +72,7 @@ ROUTES = [("GET", "/"), ("GET", "/browse"), ("GET", "/groups"), ("GET", "/groups
 
 
 async def test_nothing_is_answered_without_sign_in(log):
-    console = await start(log, write=True)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log, write=True) as (console, base):
         async with client() as http:
             for method, path in ROUTES:
                 async with http.request(method, base + path, allow_redirects=False,
@@ -84,14 +95,10 @@ async def test_nothing_is_answered_without_sign_in(log):
             async with http.get(base + "/static/console.css") as answer:
                 assert answer.status == 200
         assert log.end_offset("clicks", 0) + log.end_offset("clicks", 1) == 20
-    finally:
-        await console.close()
 
 
 async def test_wrong_passwords_are_rate_limited_per_client(log):
-    console = await start(log)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log) as (console, base):
         async with client() as http:
             for _ in range(auth.FAILURES_MAX):
                 async with http.get(base + "/api/overview", headers=basic("guess")) as answer:
@@ -105,14 +112,10 @@ async def test_wrong_passwords_are_rate_limited_per_client(log):
                 assert answer.status == 429
                 assert "Too many wrong passwords" in await answer.text()
                 assert auth.COOKIE not in answer.cookies
-    finally:
-        await console.close()
 
 
 async def test_the_login_page_gives_a_strict_http_only_cookie(log):
-    console = await start(log)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log) as (console, base):
         async with client() as http:
             async with http.post(base + "/login", data={"user": "streamlog",
                                                         "password": "nope"},
@@ -143,14 +146,10 @@ async def test_the_login_page_gives_a_strict_http_only_cookie(log):
                     "user": "streamlog", "password": TOKEN.decode(),
                     "next": "//evil.example/"}, allow_redirects=False) as answer:
                 assert answer.headers["Location"] == "/"
-    finally:
-        await console.close()
 
 
 async def test_a_read_only_console_refuses_every_write(log):
-    console = await start(log, write=False)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log, write=False) as (console, base):
         async with client() as http:
             for path, form in (("/produce", {"stream": "clicks", "value": "x"}),
                                ("/retention", {}), ("/groups/g/reset", {"to": "earliest"})):
@@ -161,14 +160,10 @@ async def test_a_read_only_console_refuses_every_write(log):
             async with http.get(base + "/", headers=basic()) as answer:
                 assert 'href="/produce"' not in await answer.text()
         assert log.end_offset("clicks", 0) + log.end_offset("clicks", 1) == 20
-    finally:
-        await console.close()
 
 
 async def test_writes_need_confirmation_and_with_a_cookie_the_forms_token(log):
-    console = await start(log, write=True)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log, write=True) as (console, base):
         async with client() as http:
             async with http.post(base + "/produce", headers=basic(),
                                  data={"stream": "clicks", "value": "x"}) as answer:
@@ -194,14 +189,10 @@ async def test_writes_need_confirmation_and_with_a_cookie_the_forms_token(log):
         assert (record.key, record.value) == (b"user-9", b'{"page": "/pay"}')
         assert record.headers == (("source", b"console"), ("trace", b"7"))
         assert record.timestamp_us == 1_767_225_600_000_000 - 3600 * 1_000_000
-    finally:
-        await console.close()
 
 
 async def test_scripts_produce_and_apply_retention_with_basic(log):
-    console = await start(log, write=True)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log, write=True) as (console, base):
         async with client() as http:
             async with http.post(base + "/produce", headers=basic(), data={
                     "stream": "clicks", "value": "v", "partition": "0",
@@ -224,14 +215,10 @@ async def test_scripts_produce_and_apply_retention_with_basic(log):
             async with http.post(base + "/groups/g/reset", headers=basic(),
                                  data={"confirm": "yes", "to": "earliest"}) as answer:
                 assert answer.status == 409 and "--kafka-port" in await answer.text()
-    finally:
-        await console.close()
 
 
 async def test_the_json_api_browses_and_says_what_is_wrong(log):
-    console = await start(log)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log) as (console, base):
         async with client(headers=basic()) as http:
             async with http.get(base + "/api/browse", params={
                     "stream": "clicks", "partition": "all", "start": "time",
@@ -261,8 +248,6 @@ async def test_the_json_api_browses_and_says_what_is_wrong(log):
                                                           "start": "offset"}) as answer:
                 assert answer.status == 400
                 assert "must not be negative" in await answer.text()
-    finally:
-        await console.close()
 
 
 async def test_the_live_tail_sends_records_appended_after_it_opened(log):
@@ -383,9 +368,7 @@ async def test_console_work_is_admitted_one_at_a_time_within_its_share():
 
 
 async def test_static_files_are_versioned_and_cached_pages_are_not(log):
-    console = await start(log)
-    base = f"http://127.0.0.1:{console.port}"
-    try:
+    async with serving(log) as (console, base):
         async with client() as http:
             async with http.get(base + "/login") as answer:
                 page = await answer.text()
@@ -395,5 +378,3 @@ async def test_static_files_are_versioned_and_cached_pages_are_not(log):
                 assert answer.status == 200
                 assert answer.headers["Cache-Control"] == "public, max-age=86400"
                 assert "--accent" in await answer.text()
-    finally:
-        await console.close()

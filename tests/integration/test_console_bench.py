@@ -1,7 +1,7 @@
 """bench/console.py runs end to end at a tiny size and writes the figures it promises.
 
 One run of its main() on a log of 3 partitions: a few loads of every page kind, then the
-five load phases (three baselines, browsing, flood) of 0.6 s each with 2 producers and
+five load phases (three baselines, browsing, flood) of 2 s each with 2 producers and
 2 browsers pausing about 0.2 s between pages. What is checked is that every measurement
 ran (no failure, no non-200 response), that the results file has the named figures and no
 folder of this machine, and that every target got a verdict. Speed is not asserted:
@@ -72,7 +72,7 @@ def test_the_browsers_cache_keeps_only_what_a_max_age_allows(console_bench):
 @pytest.mark.slow
 def test_a_tiny_run_writes_every_figure(console_bench, tmp_path, capsys):
     console_bench.main(["--partitions", "3", "--records", "40", "--loads", "2",
-                        "--phase-s", "0.6", "--warmup-s", "0.3", "--producers", "2",
+                        "--phase-s", "2", "--warmup-s", "0.3", "--producers", "2",
                         "--browsers", "2",
                         "--think-s", "0.2", "--workdir", str(tmp_path / "work")])
     printed = capsys.readouterr().out

@@ -203,6 +203,23 @@ def test_the_tail_steps_from_the_positions_it_is_given(log):
     assert rows == [] and after == {0: 3, 1: 2}  # looked at, not shown
 
 
+def test_the_tail_bounds_a_step_and_loses_nothing_past_the_bound(log, monkeypatch):
+    monkeypatch.setattr(data, "TAIL_RECORDS_MAX", 4)
+    log.create_stream("s", 2)
+    for p in range(2):
+        log.append_batch_sync("s", [b"%d-%d" % (p, i) for i in range(5)], partition=p)
+    seen, positions = [], {0: 0, 1: 0}
+    rows, positions = data.tail(log, "s", positions)
+    assert len(rows) == 4 and positions == {0: 2, 1: 2}  # two each: the share
+    seen += rows
+    while any(positions[p] < 5 for p in positions):
+        rows, positions = data.tail(log, "s", positions)
+        assert 0 < len(rows) <= 4
+        seen += rows
+    assert sorted(r["value"] for r in seen) == sorted(
+        f"{p}-{i}" for p in range(2) for i in range(5))
+
+
 def test_the_overview_counts_records_transactions_holds_and_verification(log):
     log.create_stream("events", 2)
     log.append_batch_sync("events", [b"x"] * 10, partition=0,
